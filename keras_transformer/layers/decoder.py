@@ -1,0 +1,339 @@
+"""The decoder (Section 3.1, right half of Figure 1).
+
+"In addition to the two sub-layers in each encoder layer, the decoder inserts
+a third sub-layer, which performs multi-head attention over the output of the
+encoder stack. ... This masking, combined with fact that the output
+embeddings are offset by one position, ensures that the predictions for
+position i can depend only on the known outputs at positions less than i."
+
+**Incremental decoding.** `Decoder.build_cache` returns one dict per layer,
+
+    {"self_attention":  (batch, 2, heads, max_length, key_dim)   zeros,
+     "cross_attention": (batch, 2, heads, source_length, key_dim)}  (if any)
+
+and `Decoder(new_ids, cache=cache, cache_index=t)` runs only the new
+positions t, t+1, ..., returning `(outputs, updated_cache)`.
+"""
+
+import keras
+
+from keras_transformer.layers.checks import check_heads_divide, check_positive_int
+from keras_transformer.layers.encoder import TransformerStack
+from keras_transformer.layers.masks import keras_mask, padding_mask
+from keras_transformer.layers.sublayers import AttentionSublayer, FeedForwardSublayer
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class DecoderLayer(keras.layers.Layer):
+    """One decoder layer: causal self-attention, cross-attention, feed-forward.
+
+        x = LayerNorm(x + Dropout(CausalSelfAttention(x)))
+        x = LayerNorm(x + Dropout(Attention(queries=x, keys=values=encoder)))
+        x = LayerNorm(x + Dropout(FFN(x)))
+
+    With `cross_attention=False` the middle sub-layer is left out: a
+    decoder-only (GPT-style) block.
+
+    Args:
+        num_heads, d_ff, dropout, norm_first, epsilon: as for `EncoderLayer`.
+        cross_attention: include attention over an encoder output.
+        sliding_window: self-attention sees only the previous w positions.
+        activation, attention_dropout, activation_dropout: as for `EncoderLayer`.
+
+    Call arguments:
+        inputs: `(batch, length, d_model)`.
+        encoder_outputs: `(batch, source_length, d_model)` (cross-attention).
+        padding_mask: `(batch, length)`, True at real target tokens; taken
+            from the Keras mask of `inputs` when not given.
+        encoder_padding_mask: `(batch, source_length)`; taken from the Keras
+            mask of `encoder_outputs` when not given. Padded source positions
+            get exactly zero cross-attention weight.
+        training: whether dropout is active.
+        return_attention_scores: also return `{"self_attention": ...,
+            "cross_attention": ...}`, each `(batch, heads, q_len, k_len)`.
+        cache: this layer's cache dict (see the module docstring).
+        cache_index: number of positions already in the self-attention cache.
+
+    Returns:
+        `(batch, length, d_model)`, then the scores dict when asked, then the
+        updated cache when given.
+
+    Example:
+    >>> layer = DecoderLayer(num_heads=8, d_ff=2048)
+    >>> target, source = keras.ops.zeros((2, 9, 512)), keras.ops.zeros((2, 7, 512))
+    >>> layer(target, source).shape  # (2, 9, 512)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        d_ff,
+        dropout=0.1,
+        norm_first=False,
+        epsilon=1e-6,
+        cross_attention=True,
+        sliding_window=None,
+        activation="relu",
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        check_positive_int(num_heads=num_heads, d_ff=d_ff)
+        self.num_heads = num_heads
+        self.d_ff = d_ff
+        self.dropout = dropout
+        self.norm_first = norm_first
+        self.epsilon = epsilon
+        self.cross_attention = cross_attention
+        self.sliding_window = sliding_window
+        self.activation = activation
+        self.attention_dropout = attention_dropout
+        self.activation_dropout = activation_dropout
+        residual = dict(dropout=dropout, norm_first=norm_first, epsilon=epsilon, dtype=self.dtype_policy)
+        self.self_attention = AttentionSublayer(
+            num_heads,
+            causal=True,
+            sliding_window=sliding_window,
+            attention_dropout=attention_dropout,
+            name="self_attention",
+            **residual,
+        )
+        self.cross_attention_block = (
+            AttentionSublayer(
+                num_heads, attention_dropout=attention_dropout, name="cross_attention", **residual
+            )
+            if cross_attention
+            else None
+        )
+        self.feed_forward = FeedForwardSublayer(
+            d_ff,
+            activation=activation,
+            activation_dropout=activation_dropout,
+            name="feed_forward",
+            **residual,
+        )
+        self.supports_masking = True
+
+    def build(self, inputs_shape, encoder_outputs_shape=None):
+        check_heads_divide(inputs_shape[-1], self.num_heads)
+        self.self_attention.build(inputs_shape)
+        if self.cross_attention_block is not None:
+            self.cross_attention_block.build(inputs_shape, encoder_outputs_shape or inputs_shape)
+        self.feed_forward.build(inputs_shape)
+
+    def compute_cross_attention_cache(self, encoder_outputs):
+        """Project the encoder output to this layer's keys and values, once."""
+        return self.cross_attention_block.attention.compute_cache(encoder_outputs)
+
+    def empty_self_attention_cache(self, batch_size, max_length):
+        return self.self_attention.attention.empty_cache(batch_size, max_length)
+
+    def call(
+        self,
+        inputs,
+        encoder_outputs=None,
+        padding_mask=None,
+        encoder_padding_mask=None,
+        training=None,
+        return_attention_scores=False,
+        cache=None,
+        cache_index=None,
+    ):
+        if padding_mask is None:
+            padding_mask = keras_mask(inputs)
+        if encoder_padding_mask is None and encoder_outputs is not None:
+            encoder_padding_mask = keras_mask(encoder_outputs)
+        cache = dict(cache) if cache is not None else None
+        scores = {}
+
+        def run(block, name, block_inputs, **arguments):
+            """Call one sub-block; file its scores and cache under `name`."""
+            results = block(
+                block_inputs,
+                inputs_mask=padding_mask,
+                training=training,
+                return_attention_scores=return_attention_scores,
+                **arguments,
+            )
+            if not isinstance(results, tuple):
+                return results
+            results = list(results)
+            block_outputs = results.pop(0)
+            if return_attention_scores:
+                scores[name] = results.pop(0)
+            if results:
+                cache[name] = results.pop(0)
+            return block_outputs
+
+        outputs = run(
+            self.self_attention,
+            "self_attention",
+            inputs,
+            cache=cache["self_attention"] if cache is not None else None,
+            cache_index=cache_index,
+        )
+        if self.cross_attention_block is not None:
+            cross_cache = cache.get("cross_attention") if cache is not None else None
+            if encoder_outputs is None and cross_cache is None:
+                raise ValueError(
+                    "this DecoderLayer has cross-attention: pass encoder_outputs "
+                    "(or a cache holding 'cross_attention')"
+                )
+            outputs = run(
+                self.cross_attention_block,
+                "cross_attention",
+                outputs,
+                context=None if cross_cache is not None else encoder_outputs,
+                context_mask=encoder_padding_mask,
+                cache=cross_cache,
+            )
+        outputs = self.feed_forward(outputs, training=training)
+
+        results = (outputs,)
+        if return_attention_scores:
+            results += (scores,)
+        if cache is not None:
+            results += (cache,)
+        return results[0] if len(results) == 1 else results
+
+    def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "d_ff": self.d_ff,
+                "dropout": self.dropout,
+                "norm_first": self.norm_first,
+                "epsilon": self.epsilon,
+                "cross_attention": self.cross_attention,
+                "sliding_window": self.sliding_window,
+                "activation": self.activation,
+                "attention_dropout": self.attention_dropout,
+                "activation_dropout": self.activation_dropout,
+            }
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Decoder(TransformerStack):
+    """Target ids -> embeddings + positions -> dropout -> N `DecoderLayer`s.
+
+    Args:
+        The same as `Encoder`, plus `cross_attention` (False for a
+        decoder-only language model). `sliding_window` limits causal
+        self-attention to the previous w positions.
+
+    Call arguments:
+        token_ids: `(batch, length)` target ids (shifted right: they start
+            with the start token), 0 = padding.
+        encoder_outputs: `(batch, source_length, d_model)`.
+        encoder_padding_mask: `(batch, source_length)`; taken from the Keras
+            mask of `encoder_outputs` when not given.
+        training: whether dropout is active.
+        return_attention_scores: also return a dict from
+            "layer_{i}/self_attention" and "layer_{i}/cross_attention" to
+            `(batch, heads, q_len, k_len)`.
+        cache: from `build_cache`; then `token_ids` are the new positions.
+        cache_index: how many positions the cache already holds.
+
+    Returns:
+        `(batch, length, d_model)`, then scores when asked, then the updated
+        cache when given.
+
+    Example:
+    >>> decoder = Decoder(num_layers=2, vocab_size=1000, d_model=64, num_heads=4,
+    ...                   d_ff=128, max_length=50)
+    >>> memory = keras.ops.zeros((2, 7, 64))
+    >>> decoder(keras.ops.ones((2, 5), "int32"), memory).shape  # (2, 5, 64)
+    """
+
+    def __init__(self, *args, cross_attention=True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cross_attention = cross_attention
+        self.decoder_layers = [
+            DecoderLayer(
+                self.num_heads,
+                self.d_ff,
+                cross_attention=cross_attention,
+                sliding_window=self.sliding_window,
+                name=f"layer_{index}",
+                **self._layer_arguments(),
+            )
+            for index in range(self.num_layers)
+        ]
+
+    def build(self, token_ids_shape, encoder_outputs_shape=None):
+        hidden_shape = self._build_common(token_ids_shape)
+        for layer in self.decoder_layers:
+            layer.build(hidden_shape, encoder_outputs_shape)
+
+    def build_cache(self, batch_size, max_length, encoder_outputs=None):
+        """Per-layer caches for decoding up to `max_length` target positions."""
+        if isinstance(max_length, int):
+            check_positive_int(max_length=max_length)
+        caches = []
+        for layer in self.decoder_layers:
+            cache = {"self_attention": layer.empty_self_attention_cache(batch_size, max_length)}
+            if self.cross_attention:
+                if encoder_outputs is None:
+                    raise ValueError("build_cache needs encoder_outputs for a decoder with cross-attention")
+                cache["cross_attention"] = layer.compute_cross_attention_cache(encoder_outputs)
+            caches.append(cache)
+        return caches
+
+    def call(
+        self,
+        token_ids,
+        encoder_outputs=None,
+        encoder_padding_mask=None,
+        training=None,
+        return_attention_scores=False,
+        cache=None,
+        cache_index=None,
+    ):
+        if encoder_padding_mask is None and encoder_outputs is not None:
+            encoder_padding_mask = keras_mask(encoder_outputs)
+        if cache is not None and cache_index is None:
+            raise ValueError("a decoding cache needs cache_index, the number of positions it holds")
+        start_index = 0 if cache_index is None else cache_index
+        target_mask = None if cache is not None else padding_mask(token_ids)
+        outputs = self.embedding(token_ids, start_index=start_index, training=training)
+        scores, new_cache = {}, []
+        for index, layer in enumerate(self.decoder_layers):
+            results = layer(
+                outputs,
+                encoder_outputs,
+                padding_mask=target_mask,
+                encoder_padding_mask=encoder_padding_mask,
+                training=training,
+                return_attention_scores=return_attention_scores,
+                cache=cache[index] if cache is not None else None,
+                cache_index=cache_index,
+            )
+            results = list(results) if isinstance(results, tuple) else [results]
+            outputs = results.pop(0)
+            if return_attention_scores:
+                scores.update({f"layer_{index}/{name}": value for name, value in results.pop(0).items()})
+            if cache is not None:
+                new_cache.append(results.pop(0))
+        outputs = self._finish(outputs)
+
+        results = (outputs,)
+        if return_attention_scores:
+            results += (scores,)
+        if cache is not None:
+            results += (new_cache,)
+        return results[0] if len(results) == 1 else results
+
+    def compute_output_shape(self, token_ids_shape, encoder_outputs_shape=None):
+        return tuple(token_ids_shape) + (self.d_model,)
+
+    def get_config(self):
+        config = super().get_config()
+        config["cross_attention"] = self.cross_attention
+        return config

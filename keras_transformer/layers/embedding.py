@@ -1,0 +1,133 @@
+"""Token embeddings plus positions: the input to every stack (Sections 3.4, 3.5)."""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_transformer.layers.checks import check_positive_int, check_rate
+from keras_transformer.layers.positional import PositionalEncoding, PositionEmbedding
+
+POSITION_KINDS = ("sinusoidal", "learned")
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class TokenAndPositionEmbedding(keras.layers.Layer):
+    """Embeds token ids, scales them by sqrt(d_model), adds positions, drops out.
+
+    Section 3.4: "In the embedding layers, we multiply those weights by
+    sqrt(d_model)", which puts the token vectors on the same scale as the
+    positional signal added next. Section 5.4 applies dropout "to the sums of
+    the embeddings and the positional encodings".
+
+    Args:
+        vocab_size: number of token ids.
+        d_model: embedding size.
+        max_length: longest sequence (positions are defined up to it).
+        position: "sinusoidal" (fixed, Section 3.5) or "learned".
+        scale: multiply token embeddings by sqrt(d_model).
+        mask_zero: id 0 is padding: the output carries a Keras mask.
+        dropout: dropout rate on the sum.
+
+    Call arguments:
+        token_ids: integer `(batch, length)`.
+        start_index: position of the first id (incremental decoding).
+        training: whether dropout is active.
+
+    Returns:
+        `(batch, length, d_model)`, with a `(batch, length)` mask when
+        `mask_zero`.
+
+    Example:
+    >>> embed = TokenAndPositionEmbedding(vocab_size=1000, d_model=64, max_length=128)
+    >>> embed(keras.ops.convert_to_tensor([[5, 6, 0]])).shape  # (1, 3, 64)
+    """
+
+    def __init__(
+        self,
+        vocab_size,
+        d_model,
+        max_length,
+        position="sinusoidal",
+        scale=True,
+        mask_zero=True,
+        dropout=0.0,
+        embeddings_initializer=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        check_positive_int(vocab_size=vocab_size, d_model=d_model, max_length=max_length)
+        check_rate(dropout=dropout)
+        if position not in POSITION_KINDS:
+            raise ValueError(f"position must be one of {POSITION_KINDS}, got {position!r}")
+        self.vocab_size = vocab_size
+        self.d_model = d_model
+        self.max_length = max_length
+        self.position = position
+        self.scale = scale
+        self.mask_zero = mask_zero
+        self.dropout = dropout
+        # With scaling by sqrt(d_model), unit-variance / sqrt(d_model) vectors
+        # come out at unit scale, like the sinusoids they are added to.
+        if embeddings_initializer is None:
+            embeddings_initializer = keras.initializers.RandomNormal(stddev=d_model**-0.5)
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+
+        self.token_embedding = keras.layers.Embedding(
+            vocab_size,
+            d_model,
+            embeddings_initializer=self.embeddings_initializer,
+            mask_zero=mask_zero,
+            dtype=self.dtype_policy,
+            name="token_embedding",
+        )
+        if position == "sinusoidal":
+            self.position_embedding = PositionalEncoding(
+                max_length, dtype=self.dtype_policy, name="position_encoding"
+            )
+        else:
+            self.position_embedding = PositionEmbedding(
+                max_length, dtype=self.dtype_policy, name="position_embedding"
+            )
+        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.supports_masking = mask_zero
+
+    @property
+    def embeddings(self):
+        """The `(vocab_size, d_model)` token matrix (shared with the output layer when tied)."""
+        return self.token_embedding.embeddings
+
+    def build(self, token_ids_shape):
+        self.token_embedding.build(token_ids_shape)
+        self.position_embedding.build(tuple(token_ids_shape) + (self.d_model,))
+
+    def call(self, token_ids, start_index=0, training=None):
+        embedded = self.token_embedding(token_ids)
+        if self.scale:
+            embedded = embedded * ops.cast(math.sqrt(self.d_model), embedded.dtype)
+        embedded = self.position_embedding(embedded, start_index=start_index)
+        return self.dropout_layer(embedded, training=training)
+
+    def compute_mask(self, token_ids, mask=None):
+        if not self.mask_zero:
+            return None
+        return ops.not_equal(token_ids, 0)
+
+    def compute_output_shape(self, token_ids_shape):
+        return tuple(token_ids_shape) + (self.d_model,)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocab_size": self.vocab_size,
+                "d_model": self.d_model,
+                "max_length": self.max_length,
+                "position": self.position,
+                "scale": self.scale,
+                "mask_zero": self.mask_zero,
+                "dropout": self.dropout,
+                "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
+            }
+        )
+        return config

@@ -1,0 +1,74 @@
+"""The position-wise feed-forward network (Section 3.3, equation 2).
+
+    FFN(x) = max(0, x W_1 + b_1) W_2 + b_2
+
+The same two-layer network is applied to every position separately and
+identically; it is where most of a Transformer layer's parameters live
+(d_model x d_ff twice, against 4 d_model^2 for attention).
+"""
+
+import keras
+
+from keras_transformer.layers.checks import check_positive_int, check_rate
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class FeedForward(keras.layers.Layer):
+    """Equation (2): a d_model -> d_ff -> d_model MLP applied at every position.
+
+    Args:
+        d_model: input and output size.
+        d_ff: hidden size (2048 for the base model, 4x d_model).
+        activation: hidden activation; "relu" in the paper ("gelu" is common
+            in later models).
+        dropout: dropout on the hidden activations. The paper has none there
+            (its dropout is on the sub-layer output, applied by the residual
+            sub-block); tensor2tensor calls this "relu_dropout".
+
+    Call arguments:
+        inputs: `(batch, length, d_model)`.
+        training: whether dropout is active.
+
+    Returns:
+        `(batch, length, d_model)`.
+
+    Example:
+    >>> FeedForward(d_model=64, d_ff=256)(keras.ops.zeros((2, 10, 64))).shape
+    (2, 10, 64)
+    """
+
+    def __init__(self, d_model, d_ff, activation="relu", dropout=0.0, **kwargs):
+        super().__init__(**kwargs)
+        check_positive_int(d_model=d_model, d_ff=d_ff)
+        check_rate(dropout=dropout)
+        self.d_model = d_model
+        self.d_ff = d_ff
+        self.activation = activation
+        self.dropout = dropout
+        self.hidden = keras.layers.Dense(d_ff, activation=activation, dtype=self.dtype_policy, name="hidden")
+        self.hidden_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.projection = keras.layers.Dense(d_model, dtype=self.dtype_policy, name="projection")
+        self.supports_masking = True
+
+    def build(self, inputs_shape):
+        self.hidden.build(inputs_shape)
+        self.projection.build(tuple(inputs_shape[:-1]) + (self.d_ff,))
+
+    def call(self, inputs, training=None):
+        hidden = self.hidden_dropout(self.hidden(inputs), training=training)
+        return self.projection(hidden)
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape[:-1]) + (self.d_model,)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "d_model": self.d_model,
+                "d_ff": self.d_ff,
+                "activation": self.activation,
+                "dropout": self.dropout,
+            }
+        )
+        return config

@@ -1,0 +1,150 @@
+"""Position information (Section 3.5).
+
+Attention is order-blind: permuting the tokens permutes its outputs and
+nothing else. The paper therefore adds a position signal to the token
+embeddings, either fixed sinusoids or learned vectors ("nearly identical
+results", Table 3 row E). Both layers here *add* positions to their input so
+they are interchangeable; `start_index` gives the position of the first
+input row, which incremental decoding needs.
+"""
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_transformer.layers.checks import check_positive_int
+
+
+def positional_encoding(length, depth, base=10000.0):
+    """The sinusoidal table, `(length, depth)` float32, interleaved as in the paper.
+
+        PE(pos, 2i)   = sin(pos / base^(2i / depth))
+        PE(pos, 2i+1) = cos(pos / base^(2i / depth))
+
+    Each pair of columns is a rotation at its own frequency, so PE(pos + k)
+    is a linear function of PE(pos) for any fixed offset k: the property the
+    authors hoped would let attention work with relative positions.
+
+    Example:
+    >>> positional_encoding(length=2, depth=4)[1]
+    array([0.841471, 0.540302, 0.0099998, 0.99995], dtype=float32)
+    """
+    if int(length) < 1 or int(depth) < 1:
+        raise ValueError(f"length and depth must be positive, got length={length}, depth={depth}")
+    if base <= 0:
+        raise ValueError(f"base must be positive, got {base}")
+    positions = np.arange(length, dtype=np.float64)[:, None]
+    pair_index = np.arange(depth, dtype=np.float64)[None, :] // 2  # i for columns 2i and 2i+1
+    angles = positions / np.power(base, 2.0 * pair_index / depth)
+    table = np.where(np.arange(depth) % 2 == 0, np.sin(angles), np.cos(angles))
+    return table.astype(np.float32)
+
+
+def _positions_for(inputs, start_index):
+    length = ops.shape(inputs)[1]
+    return ops.arange(length) + start_index
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class PositionalEncoding(keras.layers.Layer):
+    """Adds the fixed sinusoidal encoding to a sequence (Section 3.5).
+
+    Args:
+        max_length: the longest sequence (plus decoding offset) supported.
+        base: the wavelength base, 10000 in the paper.
+
+    Call arguments:
+        inputs: `(batch, length, depth)`.
+        start_index: position of the first row (an int or scalar tensor).
+
+    Returns:
+        `inputs + PE[start_index : start_index + length]`, same shape and dtype.
+        The input's Keras mask passes through.
+
+    Example:
+    >>> PositionalEncoding(max_length=128)(keras.ops.zeros((2, 10, 64))).shape
+    (2, 10, 64)
+    """
+
+    def __init__(self, max_length=2048, base=10000.0, **kwargs):
+        super().__init__(**kwargs)
+        check_positive_int(max_length=max_length)
+        self.max_length = max_length
+        self.base = base
+        self.supports_masking = True
+
+    def build(self, inputs_shape):
+        depth = inputs_shape[-1]
+        static_length = inputs_shape[1]
+        if static_length is not None and static_length > self.max_length:
+            raise ValueError(f"sequence length {static_length} exceeds max_length={self.max_length}")
+        # A constant, not a weight: nothing to train and nothing to save.
+        self.encoding = ops.convert_to_tensor(positional_encoding(self.max_length, depth, self.base))
+
+    def call(self, inputs, start_index=0):
+        positions = _positions_for(inputs, start_index)
+        encoding = ops.take(self.encoding, positions, axis=0)
+        return inputs + ops.cast(encoding, inputs.dtype)[None]
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"max_length": self.max_length, "base": self.base})
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class PositionEmbedding(keras.layers.Layer):
+    """Adds a learned vector per position (Section 3.5, the alternative).
+
+    Args:
+        max_length: number of positions that get a vector.
+        initializer: initializer of the `(max_length, depth)` table.
+
+    Call arguments:
+        inputs: `(batch, length, depth)`.
+        start_index: position of the first row.
+
+    Returns:
+        `inputs + table[start_index : start_index + length]`.
+
+    Example:
+    >>> PositionEmbedding(max_length=128)(keras.ops.zeros((2, 10, 64))).shape
+    (2, 10, 64)
+    """
+
+    def __init__(self, max_length, initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        check_positive_int(max_length=max_length)
+        self.max_length = max_length
+        self.initializer = keras.initializers.get(initializer)
+        self.supports_masking = True
+
+    def build(self, inputs_shape):
+        static_length = inputs_shape[1]
+        if static_length is not None and static_length > self.max_length:
+            raise ValueError(f"sequence length {static_length} exceeds max_length={self.max_length}")
+        self.position_embeddings = self.add_weight(
+            name="position_embeddings",
+            shape=(self.max_length, inputs_shape[-1]),
+            initializer=self.initializer,
+        )
+
+    def call(self, inputs, start_index=0):
+        positions = _positions_for(inputs, start_index)
+        return inputs + ops.take(self.position_embeddings, positions, axis=0)[None]
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "max_length": self.max_length,
+                "initializer": keras.initializers.serialize(self.initializer),
+            }
+        )
+        return config

@@ -1,0 +1,240 @@
+"""The residual sub-blocks that encoder and decoder layers are built from.
+
+Section 3.1: "We employ a residual connection around each of the two
+sub-layers, followed by layer normalization. That is, the output of each
+sub-layer is LayerNorm(x + Sublayer(x))". Section 5.4 adds dropout "to the
+output of each sub-layer, before it is added to the sub-layer input".
+
+    post-LN (the paper):  x = LayerNorm(x + Dropout(Sublayer(x)))
+    pre-LN (norm_first):  x = x + Dropout(Sublayer(LayerNorm(x)))
+
+Pre-LN keeps an untouched residual path from input to output, which trains
+deep stacks without a careful warm-up (Xiong et al., 2020); its stacks need
+one final LayerNorm, which `Encoder`/`Decoder` add.
+
+An encoder layer is `AttentionSublayer` + `FeedForwardSublayer`; a decoder
+layer adds a second, cross-attention `AttentionSublayer` between them.
+"""
+
+import keras
+
+from keras_transformer.layers.attention import MultiHeadAttention
+from keras_transformer.layers.checks import check_positive_int, check_rate
+from keras_transformer.layers.feed_forward import FeedForward
+from keras_transformer.layers.masks import keras_mask
+
+
+class ResidualSublayer(keras.layers.Layer):
+    """Base: residual connection, dropout and LayerNorm around `_sublayer`."""
+
+    def __init__(self, dropout=0.1, norm_first=False, epsilon=1e-6, **kwargs):
+        super().__init__(**kwargs)
+        check_rate(dropout=dropout)
+        self.dropout = dropout
+        self.norm_first = norm_first
+        self.epsilon = epsilon
+        self.norm = keras.layers.LayerNormalization(epsilon=epsilon, dtype=self.dtype_policy, name="norm")
+        self.output_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.supports_masking = True
+
+    def _residual(self, inputs, sublayer, training):
+        """Apply `sublayer` (returning a tuple: outputs first) with the residual around it."""
+        sublayer_inputs = self.norm(inputs) if self.norm_first else inputs
+        outputs, *extras = sublayer(sublayer_inputs)
+        outputs = inputs + self.output_dropout(outputs, training=training)
+        if not self.norm_first:
+            outputs = self.norm(outputs)
+        return outputs, extras
+
+    def compute_output_shape(self, inputs_shape, *args, **kwargs):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"dropout": self.dropout, "norm_first": self.norm_first, "epsilon": self.epsilon})
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class AttentionSublayer(ResidualSublayer):
+    """Multi-head attention wrapped in residual + dropout + LayerNorm.
+
+    Self-attention when called without `context`; attention over `context`
+    (queries from `inputs`, keys and values from `context`) otherwise.
+
+    Args:
+        num_heads: attention heads.
+        dropout: dropout on the sub-layer output (P_drop of Section 5.4).
+        norm_first: pre-LN instead of the paper's post-LN.
+        epsilon: LayerNorm epsilon.
+        causal: hide later positions (decoder self-attention).
+        sliding_window: local attention window, or None for global.
+        attention_dropout: dropout on attention weights (not in the paper).
+        key_dim: per-head size; d_model // num_heads by default.
+
+    Call arguments:
+        inputs: `(batch, length, d_model)`.
+        context: `(batch, context_length, d_context)` or None.
+        inputs_mask, context_mask: `(batch, length)` padding masks; taken
+            from the tensors' Keras masks when not given.
+        training, return_attention_scores, cache, cache_index: as for
+            `MultiHeadAttention`.
+
+    Returns:
+        `outputs`, then the attention weights when asked, then the cache when
+        given, as `MultiHeadAttention` orders them.
+
+    Example:
+    >>> block = AttentionSublayer(num_heads=4, causal=True)
+    >>> block(keras.ops.zeros((2, 10, 64))).shape  # (2, 10, 64)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        dropout=0.1,
+        norm_first=False,
+        epsilon=1e-6,
+        causal=False,
+        sliding_window=None,
+        attention_dropout=0.0,
+        key_dim=None,
+        **kwargs,
+    ):
+        super().__init__(dropout=dropout, norm_first=norm_first, epsilon=epsilon, **kwargs)
+        self.num_heads = num_heads
+        self.causal = causal
+        self.sliding_window = sliding_window
+        self.attention_dropout = attention_dropout
+        self.key_dim = key_dim
+        self.attention = MultiHeadAttention(
+            num_heads,
+            key_dim=key_dim,
+            dropout=attention_dropout,
+            sliding_window=sliding_window,
+            dtype=self.dtype_policy,
+            name="attention",
+        )
+
+    def build(self, inputs_shape, context_shape=None):
+        self.norm.build(inputs_shape)
+        self.attention.build(inputs_shape, context_shape or inputs_shape)
+
+    def call(
+        self,
+        inputs,
+        context=None,
+        inputs_mask=None,
+        context_mask=None,
+        training=None,
+        return_attention_scores=False,
+        cache=None,
+        cache_index=None,
+    ):
+        if inputs_mask is None:
+            inputs_mask = keras_mask(inputs)
+        # Cross-attention: over `context`, or over its precomputed cache.
+        is_cross_attention = context is not None or (cache is not None and cache_index is None)
+        if context is not None and context_mask is None:
+            context_mask = keras_mask(context)
+
+        def attend(queries):
+            results = self.attention(
+                queries,
+                # Passing the same tensor as value marks self-attention,
+                # which the attention layer projects with one fused matmul.
+                context if context is not None else queries,
+                query_mask=inputs_mask,
+                value_mask=context_mask if is_cross_attention else inputs_mask,
+                use_causal_mask=self.causal,
+                return_attention_scores=return_attention_scores,
+                training=training,
+                cache=cache,
+                cache_index=cache_index,
+            )
+            return results if isinstance(results, tuple) else (results,)
+
+        outputs, extras = self._residual(inputs, attend, training)
+        return outputs if not extras else (outputs, *extras)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "causal": self.causal,
+                "sliding_window": self.sliding_window,
+                "attention_dropout": self.attention_dropout,
+                "key_dim": self.key_dim,
+            }
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class FeedForwardSublayer(ResidualSublayer):
+    """The position-wise feed-forward network wrapped in residual + dropout + LayerNorm.
+
+    Args:
+        d_ff: hidden size of the feed-forward network.
+        dropout: dropout on the sub-layer output.
+        norm_first, epsilon: as for `AttentionSublayer`.
+        activation: hidden activation ("relu" in the paper).
+        activation_dropout: dropout on the hidden activations (not in the paper).
+
+    Call arguments:
+        inputs: `(batch, length, d_model)`.
+        training: whether dropout is active.
+
+    Returns:
+        `(batch, length, d_model)`.
+
+    Example:
+    >>> FeedForwardSublayer(d_ff=256)(keras.ops.zeros((2, 10, 64))).shape  # (2, 10, 64)
+    """
+
+    def __init__(
+        self,
+        d_ff,
+        dropout=0.1,
+        norm_first=False,
+        epsilon=1e-6,
+        activation="relu",
+        activation_dropout=0.0,
+        **kwargs,
+    ):
+        super().__init__(dropout=dropout, norm_first=norm_first, epsilon=epsilon, **kwargs)
+        check_positive_int(d_ff=d_ff)
+        self.d_ff = d_ff
+        self.activation = activation
+        self.activation_dropout = activation_dropout
+
+    def build(self, inputs_shape):
+        # d_model is the input's size, known only now.
+        self.feed_forward = FeedForward(
+            inputs_shape[-1],
+            self.d_ff,
+            activation=self.activation,
+            dropout=self.activation_dropout,
+            dtype=self.dtype_policy,
+            name="feed_forward",
+        )
+        self.feed_forward.build(inputs_shape)
+        self.norm.build(inputs_shape)
+
+    def call(self, inputs, training=None):
+        outputs, _ = self._residual(
+            inputs, lambda x: (self.feed_forward(x, training=training),), training
+        )
+        return outputs
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "d_ff": self.d_ff,
+                "activation": self.activation,
+                "activation_dropout": self.activation_dropout,
+            }
+        )
+        return config

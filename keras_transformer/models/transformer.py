@@ -1,0 +1,270 @@
+"""The encoder-decoder Transformer (Section 3, Figure 1).
+
+source ids -> Encoder -> memory
+target ids (shifted right) -> Decoder(attending to memory) -> Linear -> logits
+
+"Linear" is the pre-softmax projection of Section 3.4; with `tie_output` it
+reuses the target embedding matrix, as the paper does. The softmax itself is
+left to the loss (logits are returned, in float32 under mixed precision).
+"""
+
+import copy
+
+import keras
+from keras import ops
+
+from keras_transformer.layers import Decoder, Encoder
+from keras_transformer.layers.masks import padding_mask
+
+PRESETS = {
+    # Table 3 of the paper, "base" and "big" rows.
+    "base": {"num_layers": 6, "d_model": 512, "num_heads": 8, "d_ff": 2048, "dropout": 0.1},
+    "big": {"num_layers": 6, "d_model": 1024, "num_heads": 16, "d_ff": 4096, "dropout": 0.3},
+    # Half the depth and width: the right size for Multi30k's 29k sentence pairs.
+    "small": {"num_layers": 3, "d_model": 256, "num_heads": 8, "d_ff": 512, "dropout": 0.1},
+}
+
+
+def _split_inputs(inputs):
+    if isinstance(inputs, dict):
+        try:
+            return inputs["source_ids"], inputs["target_ids"]
+        except KeyError:
+            raise ValueError(
+                f"a dict input needs keys 'source_ids' and 'target_ids', got {sorted(inputs)}"
+            ) from None
+    if isinstance(inputs, (list, tuple)) and len(inputs) == 2:
+        return inputs[0], inputs[1]
+    raise ValueError(
+        "Transformer inputs must be (source_ids, target_input_ids) or a dict with "
+        f"'source_ids' and 'target_ids'; got {type(inputs).__name__}"
+    )
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Transformer(keras.Model):
+    """The encoder-decoder Transformer of "Attention Is All You Need".
+
+    Args:
+        src_vocab_size, tgt_vocab_size: vocabulary sizes; id 0 is padding.
+        num_layers: N, layers in each of the encoder and decoder.
+        d_model, num_heads, d_ff, dropout: sizes of Table 3.
+        max_length: longest source or target sequence.
+        share_embeddings: one embedding matrix for source and target (needs
+            equal vocabulary sizes: a shared sub-word vocabulary).
+        tie_output: the pre-softmax projection is the transposed target
+            embedding (Section 3.4).
+        norm_first: pre-LN layers instead of the paper's post-LN.
+        position: "sinusoidal" or "learned" positions.
+        epsilon, activation, attention_dropout, activation_dropout,
+        sliding_window: passed to every layer.
+
+    Call arguments:
+        inputs: `(source_ids, target_input_ids)`, integer `(batch, src_len)`
+            and `(batch, tgt_len)`.
+        training: whether dropout is active.
+        return_attention_scores: also return a dict from names such as
+            "encoder/layer_0/self_attention", "decoder/layer_0/self_attention"
+            and "decoder/layer_0/cross_attention" to `(batch, heads, q_len, k_len)`.
+
+    Returns:
+        logits `(batch, tgt_len, tgt_vocab_size)` float32, or `(logits, scores)`.
+
+    Example:
+    >>> model = Transformer.from_preset("small", src_vocab_size=8000, tgt_vocab_size=8000)
+    >>> source = keras.ops.ones((2, 12), "int32")
+    >>> target = keras.ops.ones((2, 10), "int32")
+    >>> model((source, target)).shape  # (2, 10, 8000)
+    """
+
+    def __init__(
+        self,
+        src_vocab_size,
+        tgt_vocab_size,
+        num_layers=6,
+        d_model=512,
+        num_heads=8,
+        d_ff=2048,
+        dropout=0.1,
+        max_length=512,
+        share_embeddings=False,
+        tie_output=False,
+        norm_first=False,
+        position="sinusoidal",
+        epsilon=1e-6,
+        activation="relu",
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        sliding_window=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if share_embeddings and src_vocab_size != tgt_vocab_size:
+            raise ValueError(
+                "share_embeddings needs one vocabulary: src_vocab_size="
+                f"{src_vocab_size} differs from tgt_vocab_size={tgt_vocab_size}"
+            )
+        self.src_vocab_size = src_vocab_size
+        self.tgt_vocab_size = tgt_vocab_size
+        self.num_layers = num_layers
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.d_ff = d_ff
+        self.dropout = dropout
+        self.max_length = max_length
+        self.share_embeddings = share_embeddings
+        self.tie_output = tie_output
+        self.norm_first = norm_first
+        self.position = position
+        self.epsilon = epsilon
+        self.activation = activation
+        self.attention_dropout = attention_dropout
+        self.activation_dropout = activation_dropout
+        self.sliding_window = sliding_window
+
+        stack = dict(
+            num_layers=num_layers,
+            d_model=d_model,
+            num_heads=num_heads,
+            d_ff=d_ff,
+            max_length=max_length,
+            dropout=dropout,
+            norm_first=norm_first,
+            epsilon=epsilon,
+            position=position,
+            activation=activation,
+            attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout,
+            sliding_window=sliding_window,
+            dtype=self.dtype_policy,
+        )
+        self.encoder = Encoder(vocab_size=src_vocab_size, name="encoder", **stack)
+        self.decoder = Decoder(
+            vocab_size=tgt_vocab_size,
+            embedding=self.encoder.embedding if share_embeddings else None,
+            name="decoder",
+            **stack,
+        )
+        if not tie_output:
+            self.output_projection = keras.layers.Dense(
+                tgt_vocab_size, dtype=self.dtype_policy, name="output_projection"
+            )
+
+    @classmethod
+    def from_preset(cls, name, **overrides):
+        """Build a preset ("base", "big", "small"); vocabulary sizes go in `overrides`.
+
+        Example:
+        >>> Transformer.from_preset("base", src_vocab_size=37000, tgt_vocab_size=37000,
+        ...                         share_embeddings=True, tie_output=True)
+        """
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+        missing = [key for key in ("src_vocab_size", "tgt_vocab_size") if key not in overrides]
+        if missing:
+            raise ValueError(f"from_preset({name!r}) needs {', '.join(missing)}")
+        return cls(**{**copy.deepcopy(PRESETS[name]), **overrides})
+
+    def build(self, inputs_shape):
+        source_shape, target_shape = _split_inputs(inputs_shape)
+        self.encoder.build(source_shape)
+        self.decoder.build(target_shape, tuple(source_shape) + (self.d_model,))
+        hidden_shape = tuple(target_shape) + (self.d_model,)
+        if self.tie_output:
+            self.output_bias = self.add_weight(
+                name="output_bias", shape=(self.tgt_vocab_size,), initializer="zeros"
+            )
+        else:
+            self.output_projection.build(hidden_shape)
+
+    # -- the pieces a decoding loop needs ----------------------------------
+
+    def encode(self, source_ids, training=None, return_attention_scores=False):
+        """`(batch, src_len, d_model)` memory, carrying the source padding mask."""
+        return self.encoder(source_ids, training=training, return_attention_scores=return_attention_scores)
+
+    def build_cache(self, encoder_outputs, max_length):
+        """Decoder caches for `max_length` target positions (see `layers.decoder`)."""
+        batch_size = ops.shape(encoder_outputs)[0]
+        return self.decoder.build_cache(batch_size, max_length, encoder_outputs)
+
+    def decode(
+        self,
+        target_ids,
+        encoder_outputs=None,
+        encoder_padding_mask=None,
+        training=None,
+        return_attention_scores=False,
+        cache=None,
+        cache_index=None,
+    ):
+        """Logits for `target_ids`; with a cache, for the new positions only.
+
+        Returns logits, then scores when asked, then the new cache when given.
+        """
+        results = self.decoder(
+            target_ids,
+            encoder_outputs,
+            encoder_padding_mask=encoder_padding_mask,
+            training=training,
+            return_attention_scores=return_attention_scores,
+            cache=cache,
+            cache_index=cache_index,
+        )
+        if isinstance(results, tuple):
+            return (self.logits(results[0]),) + tuple(results[1:])
+        return self.logits(results)
+
+    def logits(self, decoder_outputs):
+        """The pre-softmax linear transformation, in float32."""
+        if self.tie_output:
+            embeddings = ops.cast(self.decoder.embedding.embeddings, decoder_outputs.dtype)
+            logits = ops.matmul(decoder_outputs, ops.transpose(embeddings))
+            logits = logits + ops.cast(self.output_bias, logits.dtype)
+        else:
+            logits = self.output_projection(decoder_outputs)
+        # Softmax and cross-entropy over a large vocabulary need float32.
+        return ops.cast(logits, "float32")
+
+    def call(self, inputs, training=None, return_attention_scores=False):
+        source_ids, target_ids = _split_inputs(inputs)
+        encoded = self.encode(source_ids, training=training, return_attention_scores=return_attention_scores)
+        encoder_outputs, encoder_scores = encoded if return_attention_scores else (encoded, {})
+        decoded = self.decode(
+            target_ids,
+            encoder_outputs,
+            encoder_padding_mask=padding_mask(source_ids),
+            training=training,
+            return_attention_scores=return_attention_scores,
+        )
+        if not return_attention_scores:
+            return decoded
+        logits, decoder_scores = decoded
+        scores = {f"encoder/{name}": value for name, value in encoder_scores.items()}
+        scores.update({f"decoder/{name}": value for name, value in decoder_scores.items()})
+        return logits, scores
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "src_vocab_size": self.src_vocab_size,
+                "tgt_vocab_size": self.tgt_vocab_size,
+                "num_layers": self.num_layers,
+                "d_model": self.d_model,
+                "num_heads": self.num_heads,
+                "d_ff": self.d_ff,
+                "dropout": self.dropout,
+                "max_length": self.max_length,
+                "share_embeddings": self.share_embeddings,
+                "tie_output": self.tie_output,
+                "norm_first": self.norm_first,
+                "position": self.position,
+                "epsilon": self.epsilon,
+                "activation": self.activation,
+                "attention_dropout": self.attention_dropout,
+                "activation_dropout": self.activation_dropout,
+                "sliding_window": self.sliding_window,
+            }
+        )
+        return config
