@@ -78,12 +78,14 @@ class PositionalEncoding(keras.layers.Layer):
         static_length = inputs_shape[1]
         if static_length is not None and static_length > self.max_length:
             raise ValueError(f"sequence length {static_length} exceeds max_length={self.max_length}")
-        # A constant, not a weight: nothing to train and nothing to save.
-        self.encoding = ops.convert_to_tensor(positional_encoding(self.max_length, depth, self.base))
+        # A NumPy constant, not a weight: nothing to train and nothing to save.
+        # It becomes a tensor inside `call`, so that a layer built inside one
+        # tf.function (say, the first step of `fit`) works in every other.
+        self.encoding = positional_encoding(self.max_length, depth, self.base)
 
     def call(self, inputs, start_index=0):
         positions = _positions_for(inputs, start_index)
-        encoding = ops.take(self.encoding, positions, axis=0)
+        encoding = ops.take(ops.convert_to_tensor(self.encoding), positions, axis=0)
         return inputs + ops.cast(encoding, inputs.dtype)[None]
 
     def compute_output_shape(self, inputs_shape):

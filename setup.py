@@ -1,0 +1,29 @@
+"""Packaging for keras-transformer."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+setup(
+    name="keras-transformer",
+    version="0.1.0",
+    description='"Attention Is All You Need" as readable, production-ready Keras 3 layers',
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["keras_transformer", "keras_transformer.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "tensorflow~=2.21.0",
+        "keras>=3.15",
+        "tensorflow-text~=2.21.0",
+        "tensorboard",
+        "numpy",
+    ],
+    extras_require={
+        "dev": ["pytest>=8"],
+    },
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)

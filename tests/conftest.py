@@ -1,0 +1,27 @@
+"""Test setup: two logical CPU devices, so MirroredStrategy has replicas to mirror.
+
+TensorFlow fixes its devices when it first initialises, so this runs at
+import time, before any test touches a tensor.
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+_cpus = tf.config.list_physical_devices("CPU")
+tf.config.set_logical_device_configuration(
+    _cpus[0], [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
+)
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_policy():
+    """Every test starts from the same seed and the float32 policy."""
+    keras.utils.set_random_seed(1234)
+    keras.config.set_dtype_policy("float32")
+    yield
+    keras.config.set_dtype_policy("float32")

@@ -1,0 +1,170 @@
+"""Scaled dot-product and multi-head attention: the numbers, the masks, the cache."""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+import keras_transformer as kt
+
+
+def reference_attention(queries, keys, values, mask=None):
+    """Equation (1) in NumPy, float64."""
+    logits = queries @ np.swapaxes(keys, -1, -2) / np.sqrt(queries.shape[-1])
+    if mask is not None:
+        logits = np.where(mask, logits, -np.inf)
+    logits = logits - logits.max(axis=-1, keepdims=True)
+    weights = np.exp(logits)
+    weights = weights / weights.sum(axis=-1, keepdims=True)
+    return weights @ values, weights
+
+
+def random(*shape, seed=0):
+    return np.random.default_rng(seed).normal(size=shape).astype("float32")
+
+
+class TestScaledDotProductAttention:
+    def test_matches_the_equation(self):
+        queries, keys, values = random(2, 3, 5, 8, seed=1), random(2, 3, 7, 8, seed=2), random(2, 3, 7, 4, seed=3)
+        outputs, weights = kt.layers.scaled_dot_product_attention(queries, keys, values)
+        expected_outputs, expected_weights = reference_attention(queries, keys, values)
+        np.testing.assert_allclose(weights, expected_weights, atol=1e-6)
+        np.testing.assert_allclose(outputs, expected_outputs, atol=1e-5)
+        assert outputs.shape == (2, 3, 5, 4) and weights.shape == (2, 3, 5, 7)
+
+    def test_masked_keys_get_exactly_zero_weight(self):
+        queries, keys, values = random(2, 4, 8, seed=1), random(2, 6, 8, seed=2), random(2, 6, 8, seed=3)
+        mask = np.ones((2, 4, 6), bool)
+        mask[:, :, 4:] = False
+        outputs, weights = kt.layers.scaled_dot_product_attention(queries, keys, values, mask=mask)
+        assert np.all(ops.convert_to_numpy(weights)[:, :, 4:] == 0.0)
+        np.testing.assert_allclose(ops.sum(weights, axis=-1), 1.0, atol=1e-6)
+        expected, _ = reference_attention(queries, keys, values, mask)
+        np.testing.assert_allclose(outputs, expected, atol=1e-5)
+
+    def test_fully_masked_row_is_zero_not_nan(self):
+        queries, keys, values = random(1, 3, 4), random(1, 5, 4), random(1, 5, 4)
+        mask = np.ones((1, 3, 5), bool)
+        mask[0, 1, :] = False
+        outputs, weights = kt.layers.scaled_dot_product_attention(queries, keys, values, mask=mask)
+        outputs, weights = ops.convert_to_numpy(outputs), ops.convert_to_numpy(weights)
+        assert np.all(np.isfinite(outputs)) and np.all(np.isfinite(weights))
+        assert np.all(weights[0, 1] == 0) and np.all(outputs[0, 1] == 0)
+
+    @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+    def test_half_precision_masking_is_safe(self, dtype):
+        # Large logits in half precision: the masked value must not overflow,
+        # and masked keys must still get zero weight.
+        queries = ops.cast(random(2, 4, 16, seed=4) * 8, dtype)
+        keys = ops.cast(random(2, 6, 16, seed=5) * 8, dtype)
+        values = ops.cast(random(2, 6, 16, seed=6), dtype)
+        mask = np.tril(np.ones((4, 6), bool))
+        outputs, weights = kt.layers.scaled_dot_product_attention(queries, keys, values, mask=mask)
+        assert outputs.dtype == dtype
+        weights = ops.convert_to_numpy(ops.cast(weights, "float32"))
+        assert np.all(np.isfinite(weights))
+        assert np.all(weights[:, ~mask] == 0)
+
+
+def transfer_weights_to_keras(ours, theirs):
+    """Give keras.layers.MultiHeadAttention our projection weights."""
+    theirs.query_dense.kernel.assign(ours.query_kernel)
+    theirs.key_dense.kernel.assign(ours.key_value_kernel[:, 0])
+    theirs.value_dense.kernel.assign(ours.key_value_kernel[:, 1])
+    theirs.output_dense.kernel.assign(ours.output_kernel)
+    theirs.query_dense.bias.assign(ours.query_bias)
+    theirs.key_dense.bias.assign(ours.key_value_bias[0])
+    theirs.value_dense.bias.assign(ours.key_value_bias[1])
+    theirs.output_dense.bias.assign(ours.output_bias)
+
+
+class TestMultiHeadAttention:
+    def make_pair(self, query, value, num_heads=4):
+        ours = kt.layers.MultiHeadAttention(num_heads=num_heads)
+        ours(query, value)
+        d_model = query.shape[-1]
+        theirs = keras.layers.MultiHeadAttention(num_heads=num_heads, key_dim=d_model // num_heads)
+        theirs(query, value)
+        # Random biases too, so a bias mix-up cannot hide behind zeros.
+        for weight in ours.weights:
+            weight.assign(random(*weight.shape, seed=len(weight.path)) * 0.2)
+        transfer_weights_to_keras(ours, theirs)
+        return ours, theirs
+
+    def test_self_attention_matches_keras(self):
+        x = random(2, 7, 32)
+        ours, theirs = self.make_pair(x, x)
+        for causal in (False, True):
+            expected = theirs(x, x, use_causal_mask=causal)
+            np.testing.assert_allclose(ours(x, x, use_causal_mask=causal), expected, atol=1e-5)
+            # Omitting value means self-attention too.
+            np.testing.assert_allclose(ours(x, use_causal_mask=causal), expected, atol=1e-5)
+
+    def test_cross_attention_with_padding_matches_keras(self):
+        query, value = random(2, 5, 32, seed=1), random(2, 9, 16, seed=2)
+        ours, theirs = self.make_pair(query, value)
+        value_mask = np.ones((2, 9), bool)
+        value_mask[1, 6:] = False
+        expected, expected_scores = theirs(query, value, value_mask=value_mask, return_attention_scores=True)
+        outputs, scores = ours(query, value, value_mask=value_mask, return_attention_scores=True)
+        np.testing.assert_allclose(outputs, expected, atol=1e-5)
+        np.testing.assert_allclose(scores, expected_scores, atol=1e-6)
+
+    def test_keras_masks_are_honoured(self):
+        # Padded keys come from an Embedding with mask_zero: they must get zero
+        # weight, so changing what sits at those positions changes nothing.
+        embed = keras.layers.Embedding(50, 16, mask_zero=True)
+        attention = kt.layers.MultiHeadAttention(num_heads=2)
+        ids = np.array([[3, 4, 5, 0, 0], [6, 7, 8, 9, 0]])
+        query = random(2, 3, 16, seed=7)
+        outputs, scores = attention(query, embed(ids), return_attention_scores=True)
+        scores = ops.convert_to_numpy(scores)
+        assert np.all(scores[0, :, :, 3:] == 0) and np.all(scores[1, :, :, 4:] == 0)
+        embedded = embed(ids)
+        replaced = ops.where(ops.expand_dims(ids == 0, -1), 100.0, embedded)
+        replaced._keras_mask = embedded._keras_mask
+        np.testing.assert_allclose(attention(query, replaced), outputs, atol=1e-6)
+
+    def test_indivisible_d_model_names_both_numbers(self):
+        with pytest.raises(ValueError, match=r"d_model=30.*num_heads=4"):
+            kt.layers.MultiHeadAttention(num_heads=4)(random(1, 3, 30))
+
+    @pytest.mark.parametrize("bad", [dict(num_heads=0), dict(num_heads=2, key_dim=-1), dict(num_heads=2, dropout=1.5)])
+    def test_bad_arguments(self, bad):
+        with pytest.raises(ValueError):
+            kt.layers.MultiHeadAttention(**bad)
+
+    def test_sliding_window_hides_distant_keys(self):
+        x = random(1, 10, 16)
+        for causal in (False, True):
+            attention = kt.layers.MultiHeadAttention(num_heads=2, sliding_window=2)
+            _, scores = attention(x, x, use_causal_mask=causal, return_attention_scores=True)
+            scores = ops.convert_to_numpy(scores)[0]
+            distance = np.arange(10)[:, None] - np.arange(10)[None, :]
+            visible = (distance >= 0) & (distance <= 2) if causal else np.abs(distance) <= 2
+            assert np.all(scores[:, ~visible] == 0)
+            assert np.all(scores[:, visible] > 0)
+
+    def test_cached_steps_match_full_causal_attention(self):
+        x = random(2, 6, 16)
+        attention = kt.layers.MultiHeadAttention(num_heads=4, sliding_window=3)
+        full = attention(x, x, use_causal_mask=True)
+        cache = attention.empty_cache(2, max_length=8)
+        steps = []
+        for t in range(6):
+            token = x[:, t : t + 1]
+            output, cache = attention(token, token, use_causal_mask=True, cache=cache, cache_index=t)
+            steps.append(output)
+        np.testing.assert_allclose(ops.concatenate(steps, axis=1), full, atol=1e-5)
+        # The cache holds every position's keys; unfilled slots stay zero.
+        assert np.all(ops.convert_to_numpy(cache)[:, :, :, 6:] == 0)
+
+    def test_static_cache_matches_cross_attention(self):
+        query, value = random(2, 4, 16, seed=1), random(2, 5, 16, seed=2)
+        value_mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
+        attention = kt.layers.MultiHeadAttention(num_heads=4)
+        expected = attention(query, value, value_mask=value_mask)
+        cache = attention.compute_cache(value)
+        outputs, same_cache = attention(query, value_mask=value_mask, cache=cache)
+        np.testing.assert_allclose(outputs, expected, atol=1e-6)
+        assert same_cache is cache
