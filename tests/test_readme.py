@@ -14,5 +14,5 @@ def test_quickstart_runs_and_learns():
     quickstart = blocks[0]
     assert "model.fit" in quickstart
     namespace = {}
-    exec(compile(quickstart.replace("model.fit(", "model.fit(verbose=0, x="), "README quickstart", "exec"), namespace)
+    exec(compile(quickstart, "README quickstart", "exec"), namespace)
     assert namespace["model"].history.history["accuracy"][-1] > 0.8
