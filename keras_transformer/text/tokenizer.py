@@ -1,0 +1,175 @@
+"""Sub-word tokenization with tensorflow-text's WordPiece (paper Section 5.1).
+
+The paper encodes sentences "using byte-pair encoding ... a shared source-target
+vocabulary of about 37000 tokens"; WordPiece is the same idea (frequent words
+stay whole, rare words split into pieces such as `Fahr ##rad`) and
+tensorflow-text runs it as TensorFlow ops. That matters: the same tokenizer
+object tokenizes inside the `tf.data` pipeline, detokenizes decoder output,
+and goes into an exported SavedModel with no Python left.
+
+Ids 0..3 are reserved: `[PAD]` (padding, masked everywhere), `[UNK]`,
+`[START]` (the decoder's first input) and `[END]` (where a translation stops).
+"""
+
+import json
+import os
+
+import tensorflow as tf
+import tensorflow_text as text
+from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset
+
+PAD, UNK, START, END = "[PAD]", "[UNK]", "[START]", "[END]"
+RESERVED_TOKENS = (PAD, UNK, START, END)
+
+# Vocabulary learning searches for a count threshold that yields the asked-for
+# size. The library's defaults search up to 10^7 and need 10 occurrences;
+# these bounds make it several times faster and let rarer pieces in.
+DEFAULT_LEARN_PARAMS = {"lower_thresh": 2, "upper_thresh": 2000, "num_iterations": 3}
+
+# Detokenized text has a space around every punctuation mark ("Ein Mann ( mit
+# Hut ) , oder ?"); these rules glue the marks back the way text is written.
+_SPACING_RULES = (
+    (r" ([.,!?;:%)\]}])", r"\1"),  # no space before closing punctuation
+    (r"([(\[{]) ", r"\1"),  # nor after opening brackets
+    (r"([\pL\pN]) ([-'’/]) ([\pL\pN])", r"\1\2\3"),  # T - shirt, dog ' s
+    (r"([\pL\pN]) ' (s|t|re|ve|ll|d|m)\b", r"\1'\2"),
+)
+
+
+def normalize(strings, lower_case=False):
+    """Repair invalid UTF-8, apply Unicode NFC, optionally lowercase (keeping umlauts)."""
+    strings = tf.strings.unicode_transcode(
+        strings, input_encoding="UTF-8", output_encoding="UTF-8", errors="replace"
+    )
+    strings = text.normalize_utf8(strings, "NFC")
+    if lower_case:
+        strings = tf.strings.lower(strings, encoding="utf-8")
+    return strings
+
+
+class WordPieceTokenizer(tf.Module):
+    """Text <-> ids with a WordPiece vocabulary, as TensorFlow ops.
+
+    Args:
+        vocab: list of tokens; must start with the reserved tokens.
+        lower_case: lowercase text before tokenizing.
+        reserved_tokens: the special tokens that start the vocabulary.
+
+    Example:
+    >>> tokenizer = WordPieceTokenizer.learn(["Ein Mann fährt Fahrrad."], vocab_size=100)
+    >>> ids = tokenizer.tokenize(["Ein Mann fährt."])   # [[2, ..., 3]] ragged
+    >>> tokenizer.detokenize(ids)                        # [b"Ein Mann f\\xc3\\xa4hrt."]
+    """
+
+    def __init__(self, vocab, lower_case=False, reserved_tokens=RESERVED_TOKENS, name=None):
+        super().__init__(name=name)
+        vocab = list(vocab)
+        reserved_tokens = list(reserved_tokens)
+        if vocab[: len(reserved_tokens)] != reserved_tokens:
+            raise ValueError(
+                f"the vocabulary must start with the reserved tokens {reserved_tokens}; "
+                f"it starts with {vocab[: len(reserved_tokens)]}"
+            )
+        if len(set(vocab)) != len(vocab):
+            raise ValueError("the vocabulary lists a token more than once")
+        self.vocab = vocab
+        self.lower_case = lower_case
+        self.reserved_tokens = reserved_tokens
+        self.pad_id = vocab.index(PAD)
+        self.unk_id = vocab.index(UNK)
+        self.start_id = vocab.index(START)
+        self.end_id = vocab.index(END)
+        self._wordpiece = text.FastWordpieceTokenizer(
+            vocab,
+            suffix_indicator="##",
+            unknown_token=UNK,
+            no_pretokenization=False,  # split on whitespace and punctuation first
+            support_detokenization=True,
+            token_out_type=tf.int32,
+        )
+        self._tokens = tf.constant(vocab)
+
+    @property
+    def vocab_size(self):
+        return len(self.vocab)
+
+    # -- learning, saving, loading -----------------------------------------
+
+    @classmethod
+    def learn(cls, texts, vocab_size=8000, lower_case=False, reserved_tokens=RESERVED_TOKENS, learn_params=None):
+        """Learn a vocabulary of at most `vocab_size` tokens from `texts` (strings)."""
+        if vocab_size <= len(reserved_tokens):
+            raise ValueError(f"vocab_size must exceed the {len(reserved_tokens)} reserved tokens, got {vocab_size}")
+        texts = list(texts)
+        if not texts:
+            raise ValueError("cannot learn a vocabulary from no text")
+        dataset = tf.data.Dataset.from_tensor_slices(tf.constant(texts, tf.string))
+        dataset = dataset.batch(1024).map(lambda batch: normalize(batch, lower_case))
+        params = {**DEFAULT_LEARN_PARAMS, **(learn_params or {})}
+        while True:
+            vocab = bert_vocab_from_dataset.bert_vocab_from_dataset(
+                dataset,
+                vocab_size=vocab_size,
+                reserved_tokens=list(reserved_tokens),
+                bert_tokenizer_params={"lower_case": False},  # normalize() did the casing
+                learn_params=params,
+            )
+            # The library's threshold search can end just above the target
+            # size; demanding one more occurrence per piece brings it under.
+            if len(vocab) <= vocab_size or params["lower_thresh"] >= params["upper_thresh"]:
+                break
+            params = {**params, "lower_thresh": params["lower_thresh"] + 1}
+        return cls(vocab, lower_case=lower_case, reserved_tokens=reserved_tokens)
+
+    def save(self, directory):
+        """Write `vocab.txt` (one token a line) and `tokenizer.json` (the settings)."""
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, "vocab.txt"), "w", encoding="utf-8") as file:
+            file.write("\n".join(self.vocab) + "\n")
+        with open(os.path.join(directory, "tokenizer.json"), "w", encoding="utf-8") as file:
+            json.dump({"lower_case": self.lower_case, "reserved_tokens": self.reserved_tokens}, file, indent=2)
+
+    @classmethod
+    def load(cls, directory):
+        vocab_path = os.path.join(directory, "vocab.txt")
+        if not os.path.exists(vocab_path):
+            raise FileNotFoundError(f"no vocabulary at {vocab_path}")
+        with open(vocab_path, encoding="utf-8") as file:
+            vocab = file.read().splitlines()
+        with open(os.path.join(directory, "tokenizer.json"), encoding="utf-8") as file:
+            settings = json.load(file)
+        return cls(vocab, **settings)
+
+    # -- text -> ids -> text ------------------------------------------------
+
+    def tokenize(self, strings, add_start_end=True):
+        """`(batch,)` strings -> ragged `(batch, None)` int32 ids, framed by [START] ... [END]."""
+        strings = tf.convert_to_tensor(strings, tf.string)
+        ids = self._wordpiece.tokenize(normalize(strings, self.lower_case))
+        if not add_start_end:
+            return ids
+        batch = ids.nrows()
+        starts = tf.fill([batch, 1], self.start_id)
+        ends = tf.fill([batch, 1], self.end_id)
+        return tf.concat([starts, ids, ends], axis=1)
+
+    def _content_ids(self, ids):
+        """Drop padding and the start/end markers: what remains is text."""
+        if not isinstance(ids, tf.RaggedTensor):
+            ids = tf.RaggedTensor.from_tensor(tf.convert_to_tensor(ids))
+        ids = tf.cast(ids, tf.int32)
+        keep = (ids != self.pad_id) & (ids != self.start_id) & (ids != self.end_id)
+        return tf.ragged.boolean_mask(ids, keep)
+
+    def detokenize(self, ids):
+        """Ids (dense or ragged, `(batch, length)`) -> `(batch,)` readable strings."""
+        strings = self._wordpiece.detokenize(self._content_ids(ids))
+        for pattern, replacement in _SPACING_RULES:
+            strings = tf.strings.regex_replace(strings, pattern, replacement)
+        return strings
+
+    def id_to_token(self, ids):
+        """Ids -> their token strings (same shape), for labelling attention maps."""
+        if isinstance(ids, tf.RaggedTensor):
+            return tf.ragged.map_flat_values(tf.gather, self._tokens, ids)
+        return tf.gather(self._tokens, ids)
