@@ -1,0 +1,145 @@
+"""Sentence pairs -> batches for `model.fit` (paper Section 5.1), with tf.data.
+
+    pairs -> tokenize (in the pipeline) -> drop or truncate long pairs -> cache
+          -> shuffle -> batch by length under a token budget -> prefetch
+
+Each element is `((source_ids, target_input_ids), target_label_ids)`:
+teacher forcing feeds the decoder the target shifted right ([START] w1 w2 ...)
+and asks it to predict the target shifted left (w1 w2 ... [END]).
+
+"Sentence pairs were batched together by approximate sequence length. Each
+training batch contained a set of sentence pairs containing approximately
+25000 source tokens and 25000 target tokens": `tokens_per_batch` does that.
+Pairs of similar length share a batch, so little compute goes to padding.
+"""
+
+import dataclasses
+
+import tensorflow as tf
+
+LONG_PAIR_POLICIES = ("drop", "truncate")
+
+
+@dataclasses.dataclass
+class TranslationBatches:
+    """A batched dataset and what happened on the way."""
+
+    dataset: tf.data.Dataset
+    num_pairs: int  # pairs kept
+    num_dropped: int  # pairs longer than max_length that were dropped
+    num_truncated: int  # pairs longer than max_length that were cut
+
+
+def _length_buckets(max_length):
+    """Bucket upper bounds: fine for short sentences, coarser for long ones."""
+    bounds, bound = [], 8
+    while bound < max_length:
+        bounds.append(bound)
+        bound = bound + 4 if bound < 32 else int(bound * 1.25)
+    return bounds
+
+
+def make_translation_batches(
+    pairs,
+    source_tokenizer,
+    target_tokenizer,
+    max_length,
+    tokens_per_batch=None,
+    batch_size=None,
+    long_pairs="drop",
+    shuffle=True,
+    seed=None,
+):
+    """Batches for training or evaluation from `(source, target)` string pairs.
+
+    Args:
+        pairs: list of (source text, target text).
+        source_tokenizer, target_tokenizer: `WordPieceTokenizer`s.
+        max_length: longest sequence in tokens, [START]/[END] included.
+        tokens_per_batch: token budget per batch (rows x padded length, the
+            longer of source and target); pairs are grouped by length.
+        batch_size: a fixed number of pairs per batch instead.
+        long_pairs: "drop" pairs longer than max_length, or "truncate" them.
+        shuffle: shuffle pairs each epoch (training).
+        seed: shuffling seed.
+
+    Returns:
+        `TranslationBatches`.
+    """
+    if (tokens_per_batch is None) == (batch_size is None):
+        raise ValueError("give exactly one of tokens_per_batch and batch_size")
+    if long_pairs not in LONG_PAIR_POLICIES:
+        raise ValueError(f"long_pairs must be one of {LONG_PAIR_POLICIES}, got {long_pairs!r}")
+    if tokens_per_batch is not None and tokens_per_batch < max_length:
+        raise ValueError(
+            f"tokens_per_batch={tokens_per_batch} cannot hold one pair of max_length={max_length}"
+        )
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if max_length < 3:
+        raise ValueError(f"max_length must leave room for [START], a token and [END]; got {max_length}")
+    if not pairs:
+        raise ValueError("no sentence pairs to batch")
+
+    sources = tf.constant([source for source, _ in pairs], tf.string)
+    targets = tf.constant([target for _, target in pairs], tf.string)
+
+    def tokenize(source, target):
+        return source_tokenizer.tokenize(source), target_tokenizer.tokenize(target)
+
+    def too_long(source, target):
+        return tf.logical_or(tf.size(source) > max_length, tf.size(target) > max_length)
+
+    def truncate(source, target):
+        # Keep [START] and the first tokens, and close with [END] so the
+        # model still learns where a sentence stops.
+        def cut(ids, end_id):
+            return tf.cond(
+                tf.size(ids) > max_length,
+                lambda: tf.concat([ids[: max_length - 1], [end_id]], axis=0),
+                lambda: ids,
+            )
+
+        return cut(source, source_tokenizer.end_id), cut(target, target_tokenizer.end_id)
+
+    tokenized = (
+        tf.data.Dataset.from_tensor_slices((sources, targets))
+        .batch(1024)
+        .map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
+        .unbatch()
+    )
+    # One pass to count what max_length costs, so the caller can report it.
+    num_long = int(tokenized.reduce(0, lambda count, pair: count + tf.cast(too_long(*pair), tf.int32)))
+    if long_pairs == "drop":
+        kept = tokenized.filter(lambda source, target: tf.logical_not(too_long(source, target)))
+        counts = dict(num_pairs=len(pairs) - num_long, num_dropped=num_long, num_truncated=0)
+    else:
+        kept = tokenized.map(truncate)
+        counts = dict(num_pairs=len(pairs), num_dropped=0, num_truncated=num_long)
+    if counts["num_pairs"] == 0:
+        raise ValueError(f"every pair is longer than max_length={max_length} tokens")
+
+    dataset = kept.cache()
+    if shuffle:
+        dataset = dataset.shuffle(min(counts["num_pairs"], 100_000), seed=seed, reshuffle_each_iteration=True)
+
+    def teacher_forcing(source, target):
+        return (source, target[:-1]), target[1:]
+
+    dataset = dataset.map(teacher_forcing, num_parallel_calls=tf.data.AUTOTUNE)
+    padded_shapes = (([None], [None]), [None])
+    if batch_size is not None:
+        dataset = dataset.padded_batch(batch_size, padded_shapes=padded_shapes)
+    else:
+        bounds = _length_buckets(max_length)
+        # Bucket i holds pairs shorter than bounds[i]; its longest pair sets
+        # how many rows fit in the budget. The last bucket goes to max_length.
+        longest = [bound - 1 for bound in bounds] + [max_length]
+        dataset = dataset.bucket_by_sequence_length(
+            element_length_func=lambda inputs, labels: tf.maximum(tf.size(inputs[0]), tf.size(labels)),
+            bucket_boundaries=bounds,
+            bucket_batch_sizes=[max(1, tokens_per_batch // length) for length in longest],
+            padded_shapes=padded_shapes,
+        )
+    dataset = dataset.prefetch(tf.data.AUTOTUNE)
+    return TranslationBatches(dataset=dataset, **counts)

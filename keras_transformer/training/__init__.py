@@ -1,0 +1,29 @@
+"""Training: schedule, loss, metrics, strategy and precision, callbacks."""
+
+from keras_transformer.training.callbacks import LearningRateLogger, training_callbacks
+from keras_transformer.training.distribution import (
+    PRECISIONS,
+    STRATEGIES,
+    make_strategy,
+    set_precision,
+    split_cpu,
+)
+from keras_transformer.training.losses import MaskedSparseCrossEntropy, token_cross_entropy
+from keras_transformer.training.metrics import MaskedAccuracy, Perplexity
+from keras_transformer.training.schedule import TransformerSchedule, transformer_optimizer
+
+__all__ = [
+    "LearningRateLogger",
+    "MaskedAccuracy",
+    "MaskedSparseCrossEntropy",
+    "PRECISIONS",
+    "Perplexity",
+    "STRATEGIES",
+    "TransformerSchedule",
+    "make_strategy",
+    "set_precision",
+    "split_cpu",
+    "token_cross_entropy",
+    "training_callbacks",
+    "transformer_optimizer",
+]

@@ -1,0 +1,56 @@
+"""The learning-rate schedule of Section 5.3, equation (3).
+
+    lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)
+
+It rises linearly for `warmup_steps` steps, then decays with the inverse
+square root of the step. The paper uses Adam with beta1 = 0.9,
+beta2 = 0.98, epsilon = 1e-9 and warmup_steps = 4000: `transformer_optimizer`.
+"""
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Equation (3), times an optional `scale` (useful for small data sets).
+
+    Args:
+        d_model: the model width.
+        warmup_steps: steps of linear warm-up (4000 in the paper).
+        scale: multiplier on the whole schedule.
+
+    Example:
+    >>> schedule = TransformerSchedule(d_model=512)
+    >>> float(schedule(4000))  # the peak: 512^-0.5 * 4000^-0.5 ~= 7.0e-4
+    """
+
+    def __init__(self, d_model, warmup_steps=4000, scale=1.0):
+        if d_model < 1 or warmup_steps < 1 or scale <= 0:
+            raise ValueError(
+                f"d_model, warmup_steps and scale must be positive; got {d_model}, {warmup_steps}, {scale}"
+            )
+        self.d_model = d_model
+        self.warmup_steps = warmup_steps
+        self.scale = scale
+
+    def __call__(self, step):
+        # Keras counts steps from 0; the formula is for steps from 1.
+        step = ops.cast(step, "float32") + 1.0
+        warmup = ops.cast(self.warmup_steps, "float32")
+        rate = ops.minimum(ops.rsqrt(step), step * warmup**-1.5)
+        return self.scale * self.d_model**-0.5 * rate
+
+    def get_config(self):
+        return {"d_model": self.d_model, "warmup_steps": self.warmup_steps, "scale": self.scale}
+
+
+def transformer_optimizer(d_model, warmup_steps=4000, scale=1.0, clipnorm=None):
+    """Adam(0.9, 0.98, 1e-9) on the warm-up schedule, as in the paper."""
+    return keras.optimizers.Adam(
+        learning_rate=TransformerSchedule(d_model, warmup_steps, scale),
+        beta_1=0.9,
+        beta_2=0.98,
+        epsilon=1e-9,
+        clipnorm=clipnorm,
+    )
