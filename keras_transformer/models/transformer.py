@@ -179,12 +179,19 @@ class Transformer(keras.Model):
 
     # -- the pieces a decoding loop needs ----------------------------------
 
+    def _ensure_built(self):
+        # Decoding may start before the model was ever called as a whole.
+        if not self.built:
+            self.build(((None, None), (None, None)))
+
     def encode(self, source_ids, training=None, return_attention_scores=False):
         """`(batch, src_len, d_model)` memory, carrying the source padding mask."""
+        self._ensure_built()
         return self.encoder(source_ids, training=training, return_attention_scores=return_attention_scores)
 
     def build_cache(self, encoder_outputs, max_length):
         """Decoder caches for `max_length` target positions (see `layers.decoder`)."""
+        self._ensure_built()
         batch_size = ops.shape(encoder_outputs)[0]
         return self.decoder.build_cache(batch_size, max_length, encoder_outputs)
 
@@ -202,6 +209,7 @@ class Transformer(keras.Model):
 
         Returns logits, then scores when asked, then the new cache when given.
         """
+        self._ensure_built()
         results = self.decoder(
             target_ids,
             encoder_outputs,

@@ -1,0 +1,92 @@
+"""Text in, text out: tokenizer + search + detokenizer in one graph.
+
+`Translator` is a `tf.Module`, so the very object the CLI and the callbacks
+use can be saved as a SavedModel: the graph holds the WordPiece ops, the
+cached search and the detokenizer, and needs no Python to run.
+"""
+
+import tensorflow as tf
+
+from keras_transformer.inference.search import beam_search, greedy_search
+
+
+class Translator(tf.Module):
+    """Translate strings with a trained `Transformer` and its tokenizers.
+
+    Args:
+        model: a `keras_transformer.models.Transformer`.
+        source_tokenizer, target_tokenizer: `keras_transformer.text.WordPieceTokenizer`s.
+        beam_size: 1 for greedy search, else beam search with this many beams.
+        length_alpha: the length penalty's alpha (0.6 in the paper).
+        max_extra_length: outputs may be this much longer than their source.
+
+    Call arguments:
+        texts: `(batch,)` strings.
+
+    Returns:
+        `{"translation": (batch,) strings, "score": (batch,) float32,
+        "tokens": (batch, steps) int32}`. Sources longer than the model's
+        `max_length` are truncated to it; an empty source gives "".
+
+    Example:
+    >>> translator = Translator(model, source_tokenizer, target_tokenizer, beam_size=4)
+    >>> translator(tf.constant(["Ein Mann fährt Fahrrad."]))["translation"]
+    """
+
+    def __init__(self, model, source_tokenizer, target_tokenizer, beam_size=4, length_alpha=0.6, max_extra_length=50):
+        super().__init__(name="translator")
+        if beam_size < 1:
+            raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+        self.model = model
+        self.source_tokenizer = source_tokenizer
+        self.target_tokenizer = target_tokenizer
+        self.beam_size = beam_size
+        self.length_alpha = length_alpha
+        self.max_extra_length = max_extra_length
+
+    def source_ids(self, texts):
+        """`(batch, length)` int32 source ids, truncated to the model's max_length."""
+        ids = self.source_tokenizer.tokenize(texts)
+        max_length = self.model.max_length
+        too_long = ids.row_lengths() > max_length
+        # Keep [START] and the first tokens; end with [END] as in training.
+        truncated = tf.concat(
+            [ids[:, : max_length - 1], tf.fill([ids.nrows(), 1], self.source_tokenizer.end_id)], axis=1
+        )
+        ids = tf.where(too_long[:, None], truncated.to_tensor(), ids[:, :max_length].to_tensor())
+        return ids
+
+    def search(self, source_ids):
+        """Ids in, `(tokens, scores)` out."""
+        target = self.target_tokenizer
+        if self.beam_size == 1:
+            return greedy_search(
+                self.model, source_ids, target.start_id, target.end_id,
+                max_extra_length=self.max_extra_length, length_alpha=self.length_alpha,
+            )
+        return beam_search(
+            self.model, source_ids, target.start_id, target.end_id, beam_size=self.beam_size,
+            length_alpha=self.length_alpha, max_extra_length=self.max_extra_length,
+        )
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def __call__(self, texts):
+        source_ids = self.source_ids(texts)
+        tokens, scores = self.search(source_ids)
+        # [START] and [END] alone: nothing to translate.
+        empty = tf.reduce_sum(tf.cast(source_ids != 0, tf.int32), axis=1) <= 2
+        translations = tf.where(empty, tf.constant(""), self.target_tokenizer.detokenize(tokens))
+        return {
+            "translation": translations,
+            "score": tf.where(empty, 0.0, scores),
+            "tokens": tokens,
+        }
+
+    def translate(self, texts, batch_size=64):
+        """Python strings in, Python strings out, in batches."""
+        texts = list(texts)
+        results = []
+        for start in range(0, len(texts), batch_size):
+            outputs = self(tf.constant(texts[start : start + batch_size], tf.string))
+            results.extend(text.decode("utf-8") for text in outputs["translation"].numpy())
+        return results
