@@ -18,10 +18,12 @@ setup(
         "tensorflow-text~=2.21.0",
         "tensorboard",
         "numpy",
+        "sacrebleu>=2.4",
     ],
     extras_require={
         "dev": ["pytest>=8"],
     },
+    entry_points={"console_scripts": ["keras-transformer=keras_transformer.cli:main"]},
     classifiers=[
         "Programming Language :: Python :: 3",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",

@@ -49,12 +49,10 @@ class Translator(tf.Module):
         ids = self.source_tokenizer.tokenize(texts)
         max_length = self.model.max_length
         too_long = ids.row_lengths() > max_length
-        # Keep [START] and the first tokens; end with [END] as in training.
-        truncated = tf.concat(
-            [ids[:, : max_length - 1], tf.fill([ids.nrows(), 1], self.source_tokenizer.end_id)], axis=1
-        )
-        ids = tf.where(too_long[:, None], truncated.to_tensor(), ids[:, :max_length].to_tensor())
-        return ids
+        ids = ids.to_tensor()[:, :max_length]
+        # A cut sentence still ends with [END], as in training.
+        last_column = tf.range(tf.shape(ids)[1]) == max_length - 1
+        return tf.where(too_long[:, None] & last_column, self.source_tokenizer.end_id, ids)
 
     def search(self, source_ids):
         """Ids in, `(tokens, scores)` out."""

@@ -1,0 +1,181 @@
+"""The `keras-transformer` command: train | evaluate | translate.
+
+    keras-transformer train --dataset demo --out runs/demo
+    keras-transformer evaluate runs/demo --split val --beam-size 4
+    keras-transformer translate runs/demo "The dog sees the cat."
+    echo "The dog sees the cat." | keras-transformer translate runs/demo
+"""
+
+import argparse
+import json
+import logging
+import sys
+
+MODEL_OVERRIDES = {
+    "num_layers": int,
+    "d_model": int,
+    "num_heads": int,
+    "d_ff": int,
+    "dropout": float,
+    "position": str,
+}
+
+
+def _add_train_arguments(parser):
+    data = parser.add_argument_group("data")
+    data.add_argument("--dataset", choices=["demo", "multi30k", "files"], default="demo")
+    data.add_argument("--data-dir", help="Multi30k directory (default $KERAS_TRANSFORMER_DATA/multi30k or ../shared/data/multi30k)")
+    data.add_argument("--direction", default=None, help="Multi30k direction: de-en (default) or en-de")
+    for split in ("train", "val"):
+        data.add_argument(f"--{split}-source", help=f"dataset files: {split} source text, one sentence a line")
+        data.add_argument(f"--{split}-target", help=f"dataset files: {split} target text, aligned with the source")
+        data.add_argument(f"--{split}-tsv", help=f"dataset files: {split} pairs as source<TAB>target lines")
+    data.add_argument("--limit-train", type=int, help="use only the first N training pairs")
+    data.add_argument("--limit-val", type=int, help="use only the first N validation pairs")
+
+    tokens = parser.add_argument_group("tokenizer")
+    tokens.add_argument("--vocab-size", type=int)
+    tokens.add_argument("--shared-vocab", action="store_true", default=None, help="one vocabulary for both languages")
+    tokens.add_argument("--lower-case", action="store_true", default=None)
+
+    model = parser.add_argument_group("model")
+    model.add_argument("--preset", choices=["small", "base", "big"])
+    for name, kind in MODEL_OVERRIDES.items():
+        model.add_argument(f"--{name.replace('_', '-')}", type=kind)
+    model.add_argument("--share-embeddings", action="store_true", default=None)
+    model.add_argument("--tie-output", action="store_true", default=None)
+    model.add_argument("--norm-first", action="store_true", default=None)
+
+    fit = parser.add_argument_group("training")
+    fit.add_argument("--epochs", type=int)
+    fit.add_argument("--max-length", type=int)
+    fit.add_argument("--long-pairs", choices=["drop", "truncate"])
+    fit.add_argument("--tokens-per-batch", type=int)
+    fit.add_argument("--batch-size", type=int)
+    fit.add_argument("--warmup-steps", type=int)
+    fit.add_argument("--learning-rate-scale", type=float)
+    fit.add_argument("--label-smoothing", type=float)
+    fit.add_argument("--steps-per-epoch", type=int)
+    fit.add_argument("--early-stopping", type=int, metavar="PATIENCE")
+    fit.add_argument("--strategy", choices=["auto", "mirrored", "none"])
+    fit.add_argument("--cpu-replicas", type=int, help="split the CPU into N devices for MirroredStrategy")
+    fit.add_argument("--precision", choices=["float32", "mixed_float16", "mixed_bfloat16"])
+    fit.add_argument("--jit-compile", action="store_true", default=None)
+    fit.add_argument("--seed", type=int)
+    fit.add_argument("--beam-size", type=int, help="beam size used when evaluating this run")
+    parser.add_argument("--out", required=True, help="the run directory")
+    parser.add_argument("--no-evaluate", action="store_true", help="skip the validation BLEU at the end")
+
+
+def _config_from_arguments(arguments):
+    from keras_transformer import runs
+
+    config = runs.DEMO_CONFIG if arguments.dataset == "demo" else {}
+    config = runs.merge_config({"data": {"dataset": arguments.dataset}}, config)
+
+    def put(section, key, value):
+        if value is not None:
+            config.setdefault(section, {})[key] = value
+
+    for key in ("data_dir", "direction", "limit_train", "limit_val"):
+        put("data", key, getattr(arguments, key))
+    for split in ("train", "val"):
+        for kind in ("source", "target", "tsv"):
+            put("data", f"{split}_{kind}", getattr(arguments, f"{split}_{kind}"))
+    put("tokenizer", "vocab_size", arguments.vocab_size)
+    put("tokenizer", "shared", arguments.shared_vocab)
+    put("tokenizer", "lower_case", arguments.lower_case)
+    put("model", "preset", arguments.preset)
+    for key in list(MODEL_OVERRIDES) + ["share_embeddings", "tie_output", "norm_first"]:
+        put("model", key, getattr(arguments, key))
+    for key in (
+        "epochs", "max_length", "long_pairs", "tokens_per_batch", "batch_size", "warmup_steps",
+        "learning_rate_scale", "label_smoothing", "steps_per_epoch", "early_stopping", "strategy",
+        "cpu_replicas", "precision", "jit_compile", "seed",
+    ):
+        put("training", key, getattr(arguments, key))
+    put("evaluation", "beam_size", arguments.beam_size)
+    return config
+
+
+def _train(arguments):
+    # Splitting the CPU must come before TensorFlow makes its first tensor.
+    if arguments.cpu_replicas:
+        from keras_transformer.training import split_cpu
+
+        split_cpu(arguments.cpu_replicas)
+    from keras_transformer import runs
+
+    metrics = runs.train(_config_from_arguments(arguments), arguments.out)
+    training = metrics
+    print(
+        f"\ntrained {training['epochs_this_session']} epoch(s) in {training['seconds_this_session']:.0f}s "
+        f"({training['seconds_per_epoch']:.0f}s/epoch, {training['parameters']:,} parameters)"
+    )
+    if not arguments.no_evaluate:
+        _report(*runs.evaluate(arguments.out, "val"))
+    print(f"\nrun directory: {arguments.out}")
+    print(f"TensorBoard:   tensorboard --logdir {arguments.out}/logs")
+
+
+def _report(scores, samples):
+    print(
+        f"\nvalidation BLEU {scores['bleu']:.1f} (lowercased {scores['bleu_lowercase']:.1f}), "
+        f"chrF {scores['chrf']:.1f} on {scores['sentences']} sentences, beam size {scores['beam_size']}"
+    )
+    for sample in samples:
+        print(f"\n  source:      {sample['source']}\n  reference:   {sample['reference']}\n  translation: {sample['translation']}")
+
+
+def _evaluate(arguments):
+    from keras_transformer import runs
+
+    scores, samples = runs.evaluate(arguments.run_dir, arguments.split, arguments.beam_size, arguments.batch_size)
+    _report(scores, samples)
+    print(f"\nhypotheses: {scores['hypotheses']}")
+    print(json.dumps({key: scores[key] for key in ("bleu", "bleu_lowercase", "chrf")}))
+
+
+def _translate(arguments):
+    from keras_transformer import runs
+
+    sentences = arguments.sentences or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    for translation in runs.translate(arguments.run_dir, sentences, arguments.beam_size):
+        print(translation)
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="keras-transformer", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser("train", help="train a translation model into a run directory")
+    _add_train_arguments(train)
+    train.set_defaults(handler=_train)
+
+    evaluate = commands.add_parser("evaluate", help="BLEU and chrF of a run on a split")
+    evaluate.add_argument("run_dir")
+    evaluate.add_argument("--split", choices=["val", "test"], default="val")
+    evaluate.add_argument("--beam-size", type=int)
+    evaluate.add_argument("--batch-size", type=int)
+    evaluate.set_defaults(handler=_evaluate)
+
+    translate = commands.add_parser("translate", help="translate sentences (arguments or stdin, one a line)")
+    translate.add_argument("run_dir")
+    translate.add_argument("sentences", nargs="*")
+    translate.add_argument("--beam-size", type=int)
+    translate.set_defaults(handler=_translate)
+    return parser
+
+
+def main(argv=None):
+    arguments = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        arguments.handler(arguments)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"keras-transformer: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

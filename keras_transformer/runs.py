@@ -1,0 +1,345 @@
+"""A training run on disk: what `keras-transformer train|evaluate|translate` work on.
+
+    RUN_DIR/
+      config.json      everything needed to rebuild data, tokenizers and model
+      vocab/source/    vocab/target/   (one folder, vocab/shared/, when shared)
+      model.keras      the trained model (the best validation checkpoint)
+      checkpoints/     best.weights.h5, updated during training
+      backup/          BackupAndRestore: a killed run resumes where it stopped
+      logs/            TensorBoard
+      history.csv      one row per epoch
+      metrics.json     validation BLEU and friends
+
+This module is the one place (with the CLI on top of it) that wires data,
+tokenizers, model, training and inference together.
+"""
+
+import copy
+import json
+import logging
+import os
+import random
+import time
+
+import keras
+
+from keras_transformer import data, evaluation, inference, models, text, training
+
+logger = logging.getLogger("keras_transformer")
+
+DATASETS = ("demo", "multi30k", "files")
+
+DEFAULT_CONFIG = {
+    "data": {
+        "dataset": "demo",
+        "data_dir": None,
+        "direction": "de-en",  # Multi30k only
+        "train_source": None,  # dataset "files": two aligned files or one TSV
+        "train_target": None,
+        "train_tsv": None,
+        "val_source": None,
+        "val_target": None,
+        "val_tsv": None,
+        "limit_train": None,  # use only the first N training pairs
+        "limit_val": None,
+    },
+    "tokenizer": {"vocab_size": 8000, "shared": False, "lower_case": False},
+    "model": {"preset": "small"},  # plus any Transformer argument
+    "training": {
+        "epochs": 10,
+        "max_length": 128,
+        "long_pairs": "drop",
+        "tokens_per_batch": 4096,
+        "batch_size": None,
+        "warmup_steps": 4000,
+        "learning_rate_scale": 1.0,
+        "label_smoothing": 0.1,
+        "steps_per_epoch": None,
+        "early_stopping": None,
+        "strategy": "auto",
+        "cpu_replicas": None,
+        "precision": "float32",
+        "jit_compile": False,
+        "seed": 0,
+    },
+    "evaluation": {"beam_size": 4, "length_alpha": 0.6, "max_extra_length": 50, "batch_size": 64},
+}
+
+# The demo: small enough to train in a few minutes on two CPU cores.
+DEMO_CONFIG = {
+    "data": {"dataset": "demo"},
+    "tokenizer": {"vocab_size": 1000},
+    "model": {"preset": None, "num_layers": 2, "d_model": 128, "num_heads": 4, "d_ff": 512, "dropout": 0.1},
+    "training": {"epochs": 6, "max_length": 40, "tokens_per_batch": 3072, "warmup_steps": 400, "learning_rate_scale": 2.0},
+    "evaluation": {"beam_size": 1},
+}
+
+
+def merge_config(base, overrides):
+    """Nested dict update that returns a new dict."""
+    merged = copy.deepcopy(base)
+    for key, value in (overrides or {}).items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_config(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+# -- data ---------------------------------------------------------------------
+
+
+def load_pairs(data_config, splits=("train", "val")):
+    """`{split: [(source, target), ...]}` for the configured corpus."""
+    dataset = data_config["dataset"]
+    if dataset not in DATASETS:
+        raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
+    if dataset == "demo":
+        corpus = data.demo_corpus()
+        pairs = {split: corpus[split] for split in splits}
+    elif dataset == "multi30k":
+        pairs = data.load_multi30k(data_config["data_dir"], data_config["direction"], splits=splits)
+    else:
+        pairs = {}
+        for split in splits:
+            tsv, source, target = (data_config.get(f"{split}_{kind}") for kind in ("tsv", "source", "target"))
+            if tsv:
+                pairs[split] = data.read_tsv(tsv)
+            elif source and target:
+                pairs[split] = data.read_parallel_files(source, target)
+            elif split == "val" and "train" in pairs:
+                # No validation files: hold back 2% of training (at most 1000 pairs).
+                shuffled = list(pairs["train"])
+                random.Random(0).shuffle(shuffled)
+                held = max(1, min(1000, len(shuffled) // 50))
+                pairs["val"], pairs["train"] = shuffled[:held], shuffled[held:]
+            else:
+                raise ValueError(
+                    f"dataset 'files' needs --{split}-tsv, or --{split}-source with --{split}-target"
+                )
+    for split in splits:
+        limit = data_config.get(f"limit_{split}")
+        if limit:
+            pairs[split] = pairs[split][:limit]
+    return pairs
+
+
+def _vocab_dirs(run_dir, shared):
+    vocab = os.path.join(run_dir, "vocab")
+    if shared:
+        return os.path.join(vocab, "shared"), os.path.join(vocab, "shared")
+    return os.path.join(vocab, "source"), os.path.join(vocab, "target")
+
+
+def learn_or_load_tokenizers(run_dir, tokenizer_config, train_pairs):
+    """The run's tokenizers: loaded when the run has them, else learned from training text and saved."""
+    source_dir, target_dir = _vocab_dirs(run_dir, tokenizer_config["shared"])
+    if os.path.exists(os.path.join(target_dir, "vocab.txt")):
+        return text.WordPieceTokenizer.load(source_dir), text.WordPieceTokenizer.load(target_dir)
+    settings = dict(vocab_size=tokenizer_config["vocab_size"], lower_case=tokenizer_config["lower_case"])
+    started = time.time()
+    if tokenizer_config["shared"]:
+        shared = text.WordPieceTokenizer.learn([s for s, _ in train_pairs] + [t for _, t in train_pairs], **settings)
+        source, target = shared, shared
+    else:
+        source = text.WordPieceTokenizer.learn([s for s, _ in train_pairs], **settings)
+        target = text.WordPieceTokenizer.learn([t for _, t in train_pairs], **settings)
+    source.save(source_dir)
+    target.save(target_dir)
+    logger.info(
+        "learned vocabularies (source %d, target %d tokens) in %.0fs",
+        source.vocab_size, target.vocab_size, time.time() - started,
+    )
+    return source, target
+
+
+def load_tokenizers(run_dir, config):
+    source_dir, target_dir = _vocab_dirs(run_dir, config["tokenizer"]["shared"])
+    return text.WordPieceTokenizer.load(source_dir), text.WordPieceTokenizer.load(target_dir)
+
+
+# -- model --------------------------------------------------------------------
+
+
+def build_model(model_config, source_vocab_size, target_vocab_size, max_length):
+    arguments = {key: value for key, value in model_config.items() if key != "preset"}
+    arguments.update(src_vocab_size=source_vocab_size, tgt_vocab_size=target_vocab_size, max_length=max_length)
+    if model_config.get("preset"):
+        return models.Transformer.from_preset(model_config["preset"], **arguments)
+    return models.Transformer(**arguments)
+
+
+def compile_model(model, training_config):
+    model.compile(
+        optimizer=training.transformer_optimizer(
+            model.d_model, training_config["warmup_steps"], training_config["learning_rate_scale"]
+        ),
+        loss=training.MaskedSparseCrossEntropy(training_config["label_smoothing"]),
+        metrics=[training.MaskedAccuracy(), training.Perplexity()],
+        jit_compile=training_config["jit_compile"],
+    )
+
+
+# -- the three commands -------------------------------------------------------
+
+
+def _save_json(path, content):
+    with open(path, "w", encoding="utf-8") as file:
+        json.dump(content, file, indent=2, ensure_ascii=False)
+
+
+def _load_json(path):
+    with open(path, encoding="utf-8") as file:
+        return json.load(file)
+
+
+def load_config(run_dir):
+    path = os.path.join(run_dir, "config.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{run_dir} is not a run directory: it has no config.json")
+    return merge_config(DEFAULT_CONFIG, _load_json(path))
+
+
+def train(config, run_dir, verbose=1):
+    """Train (or resume) a translation run in `run_dir`; returns the metrics dict.
+
+    Rerunning with the same `run_dir` after an interruption resumes at the
+    epoch after the last one completed.
+    """
+    os.makedirs(run_dir, exist_ok=True)
+    config_path = os.path.join(run_dir, "config.json")
+    if os.path.exists(config_path):
+        saved = _load_json(config_path)
+        if saved != merge_config(DEFAULT_CONFIG, config):
+            logger.warning("%s holds a run with another config; continuing with the saved one", run_dir)
+        config = merge_config(DEFAULT_CONFIG, saved)
+    else:
+        config = merge_config(DEFAULT_CONFIG, config)
+        _save_json(config_path, config)
+    settings = config["training"]
+    keras.utils.set_random_seed(settings["seed"])
+    training.set_precision(settings["precision"])
+    strategy = training.make_strategy(settings["strategy"], settings["cpu_replicas"])
+
+    pairs = load_pairs(config["data"], ("train", "val"))
+    source_tokenizer, target_tokenizer = learn_or_load_tokenizers(run_dir, config["tokenizer"], pairs["train"])
+    batching = dict(
+        max_length=settings["max_length"],
+        tokens_per_batch=settings["tokens_per_batch"] if not settings["batch_size"] else None,
+        batch_size=settings["batch_size"],
+        long_pairs=settings["long_pairs"],
+    )
+    train_batches = data.make_translation_batches(
+        pairs["train"], source_tokenizer, target_tokenizer, shuffle=True, seed=settings["seed"], **batching
+    )
+    val_batches = data.make_translation_batches(
+        pairs["val"], source_tokenizer, target_tokenizer, shuffle=False, **batching
+    )
+    logger.info(
+        "training pairs: %d kept, %d dropped and %d truncated for max_length=%d",
+        train_batches.num_pairs, train_batches.num_dropped, train_batches.num_truncated, settings["max_length"],
+    )
+
+    with strategy.scope():
+        model = build_model(config["model"], source_tokenizer.vocab_size, target_tokenizer.vocab_size, settings["max_length"])
+        model.build(((None, None), (None, None)))
+        compile_model(model, settings)
+    logger.info("model: %d parameters, %d replica(s)", model.count_params(), strategy.num_replicas_in_sync)
+
+    train_dataset = train_batches.dataset
+    if settings["steps_per_epoch"]:
+        train_dataset = train_dataset.repeat()
+    started = time.time()
+    history = model.fit(
+        train_dataset,
+        validation_data=val_batches.dataset,
+        epochs=settings["epochs"],
+        steps_per_epoch=settings["steps_per_epoch"],
+        callbacks=training.training_callbacks(run_dir, settings["early_stopping"]),
+        verbose=verbose,
+    )
+    seconds = time.time() - started
+
+    best = os.path.join(run_dir, "checkpoints", "best.weights.h5")
+    if os.path.exists(best):
+        model.load_weights(best)
+    model.save(os.path.join(run_dir, "model.keras"))
+    epochs_run = len(history.epoch)
+    metrics = {
+        "train_pairs": train_batches.num_pairs,
+        "train_pairs_dropped": train_batches.num_dropped,
+        "train_pairs_truncated": train_batches.num_truncated,
+        "epochs_this_session": epochs_run,
+        "seconds_this_session": round(seconds, 1),
+        "seconds_per_epoch": round(seconds / max(epochs_run, 1), 1),
+        "parameters": model.count_params(),
+        "replicas": strategy.num_replicas_in_sync,
+        "final": {key: float(values[-1]) for key, values in history.history.items()} if epochs_run else {},
+    }
+    _update_metrics(run_dir, {"training": metrics})
+    return metrics
+
+
+def _update_metrics(run_dir, update):
+    path = os.path.join(run_dir, "metrics.json")
+    metrics = _load_json(path) if os.path.exists(path) else {}
+    metrics.update(update)
+    _save_json(path, metrics)
+    return metrics
+
+
+def load_translator(run_dir, beam_size=None, length_alpha=None, max_extra_length=None):
+    """The run's model and tokenizers as a `Translator` (settings default to the config's)."""
+    config = load_config(run_dir)
+    model_path = os.path.join(run_dir, "model.keras")
+    if not os.path.exists(model_path):
+        raise FileNotFoundError(f"{run_dir} has no model.keras: has training finished?")
+    model = keras.saving.load_model(model_path, compile=False)
+    source_tokenizer, target_tokenizer = load_tokenizers(run_dir, config)
+    settings = config["evaluation"]
+    return inference.Translator(
+        model,
+        source_tokenizer,
+        target_tokenizer,
+        beam_size=beam_size or settings["beam_size"],
+        length_alpha=settings["length_alpha"] if length_alpha is None else length_alpha,
+        max_extra_length=max_extra_length or settings["max_extra_length"],
+    )
+
+
+def evaluate(run_dir, split="val", beam_size=None, batch_size=None):
+    """Translate a split, write `hypotheses.<split>.txt`, return and record BLEU/chrF."""
+    config = load_config(run_dir)
+    translator = load_translator(run_dir, beam_size=beam_size)
+    pairs = load_pairs(config["data"], (split,))[split]
+    started = time.time()
+    hypotheses = translator.translate([source for source, _ in pairs], batch_size=batch_size or config["evaluation"]["batch_size"])
+    seconds = time.time() - started
+    path = os.path.join(run_dir, f"hypotheses.{split}.txt")
+    with open(path, "w", encoding="utf-8") as file:
+        file.write("\n".join(hypotheses) + "\n")
+    scores = evaluation.translation_scores(hypotheses, [target for _, target in pairs])
+    scores.update(beam_size=translator.beam_size, seconds=round(seconds, 1), hypotheses=path)
+    _update_metrics(run_dir, {f"{split}": scores})
+    samples = [
+        {"source": source, "reference": reference, "translation": hypothesis}
+        for (source, reference), hypothesis in list(zip(pairs, hypotheses))[:3]
+    ]
+    return scores, samples
+
+
+def translate(run_dir, sentences, beam_size=None):
+    return load_translator(run_dir, beam_size=beam_size).translate(sentences)
+
+
+__all__ = [
+    "DEFAULT_CONFIG",
+    "DEMO_CONFIG",
+    "evaluate",
+    "load_config",
+    "load_pairs",
+    "load_translator",
+    "merge_config",
+    "train",
+    "translate",
+]
