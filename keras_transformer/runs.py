@@ -65,12 +65,19 @@ DEFAULT_CONFIG = {
     "evaluation": {"beam_size": 4, "length_alpha": 0.6, "max_extra_length": 50, "batch_size": 64},
 }
 
-# The demo: small enough to train in a few minutes on two CPU cores.
+# The demo: small enough to train in a few minutes on two CPU cores. bfloat16
+# matmuls are ~1.4x faster than float32 on CPUs with AMX (and on GPUs).
 DEMO_CONFIG = {
     "data": {"dataset": "demo"},
     "tokenizer": {"vocab_size": 1000},
     "model": {"preset": None, "num_layers": 2, "d_model": 128, "num_heads": 4, "d_ff": 512, "dropout": 0.1},
-    "training": {"epochs": 6, "max_length": 40, "tokens_per_batch": 3072, "warmup_steps": 400, "learning_rate_scale": 2.0},
+    "training": {
+        "epochs": 8,
+        "max_length": 40,
+        "tokens_per_batch": 3072,
+        "warmup_steps": 400,
+        "precision": "mixed_bfloat16",
+    },
     "evaluation": {"beam_size": 1},
 }
 

@@ -106,7 +106,9 @@ class WordPieceTokenizer(tf.Module):
         dataset = tf.data.Dataset.from_tensor_slices(tf.constant(texts, tf.string))
         dataset = dataset.batch(1024).map(lambda batch: normalize(batch, lower_case))
         params = {**DEFAULT_LEARN_PARAMS, **(learn_params or {})}
-        while True:
+        vocab = None
+        for _ in range(8):
+            previous = vocab
             vocab = bert_vocab_from_dataset.bert_vocab_from_dataset(
                 dataset,
                 vocab_size=vocab_size,
@@ -116,9 +118,14 @@ class WordPieceTokenizer(tf.Module):
             )
             # The library's threshold search can end just above the target
             # size; demanding one more occurrence per piece brings it under.
-            if len(vocab) <= vocab_size or params["lower_thresh"] >= params["upper_thresh"]:
+            if len(vocab) <= vocab_size or (previous is not None and len(vocab) >= len(previous)):
                 break
             params = {**params, "lower_thresh": params["lower_thresh"] + 1}
+        if len(vocab) > vocab_size:
+            raise ValueError(
+                f"could not learn a vocabulary of at most {vocab_size} tokens: the smallest found has "
+                f"{len(vocab)} (every character of the text needs a token); ask for a larger vocab_size"
+            )
         return cls(vocab, lower_case=lower_case, reserved_tokens=reserved_tokens)
 
     def save(self, directory):

@@ -1,0 +1,133 @@
+"""Schedule, loss, metrics, and training under MirroredStrategy."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from keras import ops
+
+import keras_transformer as kt
+from keras_transformer import training
+
+SMALL = dict(src_vocab_size=30, tgt_vocab_size=40, num_layers=1, d_model=16, num_heads=2, d_ff=32, max_length=20, dropout=0.0)
+
+
+def test_schedule_follows_equation_3():
+    schedule = training.TransformerSchedule(d_model=512, warmup_steps=4000)
+    # Keras counts optimizer steps from 0; the paper from 1.
+    np.testing.assert_allclose(float(schedule(0)), 512**-0.5 * 4000**-1.5, rtol=1e-5)
+    np.testing.assert_allclose(float(schedule(3999)), 512**-0.5 * 4000**-0.5, rtol=1e-5)  # the peak
+    np.testing.assert_allclose(float(schedule(39999)), 512**-0.5 * 40000**-0.5, rtol=1e-5)
+    assert float(schedule(1999)) < float(schedule(3999)) > float(schedule(5999))
+    doubled = training.TransformerSchedule(d_model=512, warmup_steps=4000, scale=2.0)
+    np.testing.assert_allclose(float(doubled(100)), 2 * float(schedule(100)), rtol=1e-6)
+    assert training.TransformerSchedule.from_config(schedule.get_config()).get_config() == schedule.get_config()
+    with pytest.raises(ValueError, match="must be positive"):
+        training.TransformerSchedule(d_model=512, warmup_steps=0)
+
+
+def test_optimizer_is_the_papers_adam():
+    optimizer = training.transformer_optimizer(d_model=512)
+    assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (0.9, 0.98, 1e-9)
+
+
+def random_logits(shape, seed=0):
+    return np.random.default_rng(seed).normal(size=shape).astype("float32") * 3
+
+
+def test_label_smoothed_loss_matches_its_formula():
+    labels = np.array([[4, 2, 7, 0, 0]])
+    logits = random_logits((1, 5, 9))
+    loss = float(training.MaskedSparseCrossEntropy(label_smoothing=0.1)(labels, logits))
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    per_token = [-(0.9 * log_probs[0, t, labels[0, t]] + 0.1 * log_probs[0, t].mean()) for t in range(3)]
+    np.testing.assert_allclose(loss, np.mean(per_token), rtol=1e-5)
+
+
+def test_loss_ignores_padding():
+    loss = training.MaskedSparseCrossEntropy()
+    labels = np.array([[4, 2, 7, 3, 0], [5, 3, 0, 0, 0]])
+    logits = random_logits((2, 5, 9))
+    padded_labels = np.pad(labels, ((0, 0), (0, 4)))
+    padded_logits = np.concatenate([logits, random_logits((2, 4, 9), seed=1)], axis=1)
+    np.testing.assert_allclose(float(loss(padded_labels, padded_logits)), float(loss(labels, logits)), rtol=1e-6)
+    # Averaged over real tokens (6), not over positions (10) or rows (2).
+    per_token = training.token_cross_entropy(labels, logits, 0.1).numpy()
+    np.testing.assert_allclose(float(loss(labels, logits)), per_token[labels != 0].mean(), rtol=1e-6)
+
+
+def test_model_loss_is_the_same_with_extra_padding():
+    model = kt.models.Transformer(**SMALL)
+    rng = np.random.default_rng(0)
+    source, target = rng.integers(1, 30, (3, 6)), rng.integers(1, 40, (3, 7))
+    target[2, 4:] = 0
+    loss = training.MaskedSparseCrossEntropy()
+    plain = float(loss(target[:, 1:], model((source, target[:, :-1]))))
+    padded_target = np.pad(target, ((0, 0), (0, 5)))
+    padded_source = np.pad(source, ((0, 0), (0, 3)))
+    padded = float(loss(padded_target[:, 1:], model((padded_source, padded_target[:, :-1]))))
+    np.testing.assert_allclose(padded, plain, rtol=1e-5)
+
+
+def test_metrics_count_real_tokens_only():
+    labels = np.array([[1, 2, 0, 0]])
+    logits = np.full((1, 4, 3), -5.0, "float32")
+    logits[0, 0, 1] = 5.0  # right
+    logits[0, 1, 1] = 5.0  # wrong (label 2)
+    logits[0, 2:, 0] = 5.0  # "right" on padding: must not count
+    accuracy = training.MaskedAccuracy()
+    accuracy.update_state(labels, logits)
+    assert float(accuracy.result()) == 0.5
+    perplexity = training.Perplexity()
+    perplexity.update_state(labels, logits)
+    nll = training.token_cross_entropy(labels, logits).numpy()[0, :2].mean()
+    np.testing.assert_allclose(float(perplexity.result()), np.exp(nll), rtol=1e-5)
+
+
+def uneven_batch():
+    """Eight pairs: the first four long, the last four mostly padding."""
+    rng = np.random.default_rng(3)
+    source = rng.integers(4, 30, (8, 9))
+    target = rng.integers(4, 40, (8, 10))
+    source[4:, 3:] = 0
+    target[4:, 3:] = 0
+    return (source, target[:, :-1]), target[:, 1:]
+
+
+def one_sgd_step(strategy, initial_weights):
+    with strategy.scope():
+        model = kt.models.Transformer(**SMALL)
+        model.build(((None, None), (None, None)))
+        model.set_weights(initial_weights)
+        model.compile(optimizer=keras.optimizers.SGD(learning_rate=1.0), loss=training.MaskedSparseCrossEntropy(0.1))
+    inputs, labels = uneven_batch()
+    dataset = tf.data.Dataset.from_tensor_slices((inputs, labels)).batch(8)
+    history = model.fit(dataset, epochs=1, verbose=0)
+    # With SGD at learning rate 1, the weight change is the gradient.
+    gradients = [before - after for before, after in zip(initial_weights, model.get_weights())]
+    return history.history["loss"][0], gradients
+
+
+def test_two_replicas_give_the_single_device_loss_and_gradients():
+    reference = kt.models.Transformer(**SMALL)
+    reference.build(((None, None), (None, None)))
+    initial = reference.get_weights()
+    single_loss, single_gradients = one_sgd_step(tf.distribute.get_strategy(), initial)
+    devices = [device.name for device in tf.config.list_logical_devices("CPU")][:2]
+    mirrored = tf.distribute.MirroredStrategy(devices)
+    assert mirrored.num_replicas_in_sync == 2
+    mirrored_loss, mirrored_gradients = one_sgd_step(mirrored, initial)
+    np.testing.assert_allclose(mirrored_loss, single_loss, rtol=1e-5)
+    for single, mirrored in zip(single_gradients, mirrored_gradients):
+        np.testing.assert_allclose(mirrored, single, atol=1e-5)
+    assert max(np.abs(g).max() for g in single_gradients) > 1e-3  # a real step was taken
+
+
+def test_strategy_and_precision_names():
+    assert training.make_strategy("none").num_replicas_in_sync == 1
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        training.make_strategy("parameter_server")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        training.set_precision("float8")
+    training.set_precision("mixed_bfloat16")
+    assert keras.config.dtype_policy().name == "mixed_bfloat16"
