@@ -106,6 +106,13 @@ def _invariants(loop_vars, state_index, steps):
     return tuple(shapes)
 
 
+def _never_generate(log_probs, start_id):
+    """[PAD] and [START] are never outputs: give them no chance (probabilities unchanged otherwise)."""
+    vocab_size = tf.shape(log_probs)[-1]
+    forbidden = tf.reduce_any(tf.range(vocab_size)[:, None] == tf.stack([0, start_id])[None, :], axis=1)
+    return tf.where(forbidden, tf.cast(NEG_INF, log_probs.dtype), log_probs)
+
+
 def _write_column(buffer, column, values):
     """buffer[..., column] = values, with core ops only (graph and Serving friendly)."""
     positions = tf.range(tf.shape(buffer)[-1])
@@ -137,6 +144,7 @@ def greedy_search(model, source_ids, start_id, end_id, max_extra_length=50, leng
 
     def one_step(step, finished, state, last, tokens, log_prob_sum, lengths):
         log_probs, state = steps.log_probs(state, last, step)
+        log_probs = _never_generate(log_probs, start_id)
         chosen = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
         chosen = tf.where(finished, 0, chosen)
         chosen_log_prob = tf.gather(log_probs, chosen, batch_dims=1)
@@ -202,7 +210,7 @@ def beam_search(
 
     def one_step(step, finished, state, last, sequences, beam_log_probs, lengths):
         log_probs, state = steps.log_probs(state, last, step)
-        log_probs = tf.reshape(log_probs, [batch, beam_size, vocab_size])
+        log_probs = tf.reshape(_never_generate(log_probs, start_id), [batch, beam_size, vocab_size])
         log_probs = tf.where(finished[:, :, None], padding_only, log_probs)
         candidates = beam_log_probs[:, :, None] + log_probs
         candidate_lengths = tf.where(finished, lengths, step + 1)[:, :, None]

@@ -37,6 +37,15 @@ class Translator(tf.Module):
         super().__init__(name="translator")
         if beam_size < 1:
             raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+        for side, model_size, tokenizer in (
+            ("source", model.src_vocab_size, source_tokenizer),
+            ("target", model.tgt_vocab_size, target_tokenizer),
+        ):
+            if model_size != tokenizer.vocab_size:
+                raise ValueError(
+                    f"the model's {side} vocabulary has {model_size} ids but the {side} "
+                    f"tokenizer has {tokenizer.vocab_size}"
+                )
         self.model = model
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer

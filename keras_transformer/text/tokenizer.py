@@ -165,6 +165,8 @@ class WordPieceTokenizer(tf.Module):
         if not isinstance(ids, tf.RaggedTensor):
             ids = tf.RaggedTensor.from_tensor(tf.convert_to_tensor(ids))
         ids = tf.cast(ids, tf.int32)
+        # An id outside the vocabulary (a model of another size) reads as [UNK].
+        ids = tf.where((ids >= 0) & (ids < self.vocab_size), ids, self.unk_id)
         keep = (ids != self.pad_id) & (ids != self.start_id) & (ids != self.end_id)
         return tf.ragged.boolean_mask(ids, keep)
 
