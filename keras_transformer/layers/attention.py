@@ -221,22 +221,28 @@ class MultiHeadAttention(keras.layers.Layer):
 
     # -- projections -------------------------------------------------------
 
+    def _weight(self, variable):
+        # Inside `call` Keras already reads weights in the compute dtype; the
+        # cache helpers run outside it and must produce that dtype too.
+        return ops.cast(variable, self.compute_dtype)
+
     def _project_queries(self, query):
-        queries = ops.einsum("btd,dhk->bhtk", query, self.query_kernel)
+        queries = ops.einsum("btd,dhk->bhtk", query, self._weight(self.query_kernel))
         if self.use_bias:
-            queries = queries + self.query_bias[None, :, None, :]
+            queries = queries + self._weight(self.query_bias)[None, :, None, :]
         return queries
 
     def _project_keys_values(self, value, key=None):
         """`(batch, 2, heads, length, head_dim)`: keys at [:, 0], values at [:, 1]."""
+        kernel = self._weight(self.key_value_kernel)
         if key is None or key is value:
-            keys_values = ops.einsum("btd,dshk->bshtk", value, self.key_value_kernel)
+            keys_values = ops.einsum("btd,dshk->bshtk", value, kernel)
         else:
-            keys = ops.einsum("btd,dhk->bhtk", key, self.key_value_kernel[:, 0])
-            values = ops.einsum("btd,dhk->bhtk", value, self.key_value_kernel[:, 1])
+            keys = ops.einsum("btd,dhk->bhtk", key, kernel[:, 0])
+            values = ops.einsum("btd,dhk->bhtk", value, kernel[:, 1])
             keys_values = ops.stack([keys, values], axis=1)
         if self.use_bias:
-            keys_values = keys_values + self.key_value_bias[None, :, :, None, :]
+            keys_values = keys_values + self._weight(self.key_value_bias)[None, :, :, None, :]
         return keys_values
 
     def _project_self_attention(self, inputs):
@@ -250,6 +256,8 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def compute_cache(self, value, key=None):
         """Project a fixed context once: the cross-attention cache."""
+        value = ops.cast(value, self.compute_dtype)
+        key = None if key is None else ops.cast(key, self.compute_dtype)
         return self._project_keys_values(value, key)
 
     def empty_cache(self, batch_size, max_length, dtype=None):
