@@ -6,7 +6,9 @@ PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install test test-fast clean
+DEMO_RUN ?= runs/demo
+
+.PHONY: install demo test test-fast clean
 
 $(STAMP): setup.py
 	test -x $(PYTHON) || python3 -m venv $(VENV)
@@ -15,6 +17,13 @@ $(STAMP): setup.py
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The main job: train English->German on the built-in corpus, report BLEU and
+# sample translations, and leave a run directory with TensorBoard logs.
+demo: $(STAMP)
+	rm -rf $(DEMO_RUN)
+	$(VENV)/bin/keras-transformer train --dataset demo --out $(DEMO_RUN)
+	$(VENV)/bin/keras-transformer translate $(DEMO_RUN) "The young cat sees a big dog in the park." "Today the children do not sleep."
 
 # The whole suite, slow end-to-end tests included.
 test: $(STAMP)

@@ -72,7 +72,7 @@ DEMO_CONFIG = {
     "tokenizer": {"vocab_size": 1000},
     "model": {"preset": None, "num_layers": 2, "d_model": 128, "num_heads": 4, "d_ff": 512, "dropout": 0.1},
     "training": {
-        "epochs": 6,
+        "epochs": 5,
         "max_length": 40,
         "tokens_per_batch": 3072,
         "warmup_steps": 400,

@@ -1,0 +1,133 @@
+"""`keras-transformer` end to end, as a user runs it: real subprocesses, real run directories."""
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from keras_transformer import data
+
+CLI = [sys.executable, "-m", "keras_transformer.cli"]
+TINY_MODEL = ["--num-layers", "1", "--d-model", "32", "--num-heads", "2", "--d-ff", "64"]
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+def cli(*arguments, input=None, check=True, timeout=600):
+    result = subprocess.run(
+        CLI + [str(a) for a in arguments], capture_output=True, text=True, input=input, env=ENV, timeout=timeout
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+def check_run_directory(run):
+    for name in ("config.json", "model.keras", "metrics.json", "history.csv"):
+        assert (run / name).is_file(), name
+    assert (run / "vocab" / "source" / "vocab.txt").is_file() and (run / "vocab" / "target" / "vocab.txt").is_file()
+    assert list((run / "logs").rglob("events.out.tfevents.*")), "TensorBoard event files"
+    assert (run / "checkpoints" / "best.weights.h5").is_file()
+
+
+@pytest.mark.slow
+def test_train_evaluate_translate_on_the_demo_corpus(tmp_path):
+    run = tmp_path / "demo"
+    result = cli(
+        "train", "--dataset", "demo", "--out", run, "--epochs", 1, "--steps-per-epoch", 8,
+        "--limit-train", 3000, "--limit-val", 40, "--cpu-replicas", 2, "--strategy", "mirrored", *TINY_MODEL,
+    )
+    assert "validation BLEU" in result.stdout and "translation:" in result.stdout
+    assert f"run directory: {run}" in result.stdout and "tensorboard --logdir" in result.stdout
+    check_run_directory(run)
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["training"]["replicas"] == 2
+    assert metrics["val"]["sentences"] == 40 and "bleu" in metrics["val"]
+
+    evaluated = cli("evaluate", run, "--split", "val", "--beam-size", 2)
+    scores = json.loads(evaluated.stdout.strip().splitlines()[-1])
+    assert set(scores) == {"bleu", "bleu_lowercase", "chrf"}
+    assert len((run / "hypotheses.val.txt").read_text(encoding="utf-8").splitlines()) == 40
+
+    translated = cli("translate", run, "The dog sees the cat.", "A woman sleeps.")
+    assert len(translated.stdout.splitlines()) == 2
+    from_stdin = cli("translate", run, input="The dog sees the cat.\nA woman sleeps.\n")
+    assert from_stdin.stdout == translated.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (data.multi30k_directory() / "train.de").exists(), reason="../shared/data/multi30k is not present")
+def test_train_on_a_slice_of_multi30k(tmp_path):
+    run = tmp_path / "multi30k"
+    cli(
+        "train", "--dataset", "multi30k", "--out", run, "--epochs", 1, "--steps-per-epoch", 4,
+        "--limit-train", 1500, "--limit-val", 30, "--vocab-size", 2000, "--tokens-per-batch", 2048,
+        *TINY_MODEL, "--no-evaluate",
+    )
+    check_run_directory(run)
+    config = json.loads((run / "config.json").read_text())
+    assert config["data"]["dataset"] == "multi30k" and config["data"]["direction"] == "de-en"
+    source_vocab = (run / "vocab" / "source" / "vocab.txt").read_text(encoding="utf-8")
+    assert "ä" in source_vocab or "ü" in source_vocab  # German on the source side
+    scores = json.loads(cli("evaluate", run, "--beam-size", 1).stdout.strip().splitlines()[-1])
+    assert 0.0 <= scores["bleu"] <= 100.0
+    translated = cli("translate", run, "Ein Mann fährt Fahrrad.")
+    assert len(translated.stdout.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_at_the_next_epoch(tmp_path):
+    run = tmp_path / "resumable"
+    arguments = [
+        "train", "--dataset", "demo", "--out", run, "--epochs", 2, "--steps-per-epoch", 30,
+        "--limit-train", 2000, "--limit-val", 20, "--no-evaluate", *TINY_MODEL,
+    ]
+    process = subprocess.Popen(CLI + [str(a) for a in arguments], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    history = run / "history.csv"
+    deadline = time.time() + 300
+    # The first epoch is done (and backed up) once its row is in history.csv.
+    while time.time() < deadline and process.poll() is None:
+        if history.exists() and len(history.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.1)
+    assert process.poll() is None, "the run finished before it could be killed: give it more steps"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert (run / "backup").exists() and not (run / "model.keras").exists()
+
+    result = cli(*arguments)
+    assert "Epoch 2/2" in result.stdout and "Epoch 1/2" not in result.stdout
+    epochs = [row["epoch"] for row in csv.DictReader(history.open())]
+    assert epochs == ["0", "1"]
+    assert (run / "model.keras").exists() and not (run / "backup").exists()
+
+
+@pytest.mark.slow
+def test_bad_input_gives_a_clear_error_and_exit_code(tmp_path):
+    source = tmp_path / "train.de"
+    target = tmp_path / "train.en"
+    source.write_text("Ein Hund.\nZwei Katzen.\n", encoding="utf-8")
+    target.write_text("A dog.\n", encoding="utf-8")
+    result = cli("train", "--dataset", "files", "--train-source", source, "--train-target", target,
+                 "--out", tmp_path / "run", check=False)
+    assert result.returncode == 2
+    assert "train.de has 2 lines" in result.stderr and "train.en has 1" in result.stderr
+    assert "Traceback" not in result.stderr
+
+    missing = cli("evaluate", tmp_path / "nowhere", check=False)
+    assert missing.returncode == 2 and "not a run directory" in missing.stderr
+
+    no_files = cli("train", "--dataset", "files", "--out", tmp_path / "run2", check=False)
+    assert no_files.returncode == 2 and "--train-tsv" in no_files.stderr
+
+
+def test_help_lists_the_commands():
+    result = cli("--help")
+    for command in ("train", "evaluate", "translate"):
+        assert command in result.stdout
