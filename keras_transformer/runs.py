@@ -228,6 +228,7 @@ def train(config, run_dir, verbose=1):
     training.set_precision(settings["precision"])
     strategy = training.make_strategy(settings["strategy"], settings["cpu_replicas"])
 
+    replicas = strategy.num_replicas_in_sync
     pairs = load_pairs(config["data"], ("train", "val"))
     source_tokenizer, target_tokenizer = learn_or_load_tokenizers(run_dir, config["tokenizer"], pairs["train"])
     batching = dict(
@@ -235,6 +236,7 @@ def train(config, run_dir, verbose=1):
         tokens_per_batch=settings["tokens_per_batch"] if not settings["batch_size"] else None,
         batch_size=settings["batch_size"],
         long_pairs=settings["long_pairs"],
+        batch_multiple=replicas,
     )
     train_batches = data.make_translation_batches(
         pairs["train"], source_tokenizer, target_tokenizer, shuffle=True, seed=settings["seed"], **batching

@@ -208,3 +208,12 @@ def test_no_pairs_is_an_error(tokenizers):
 
 def test_shared_data_environment_is_not_required():
     assert os.fspath(data.multi30k_directory("/some/dir")) == "/some/dir"
+
+
+def test_batches_split_evenly_between_replicas(corpus, tokenizers):
+    batches = data.make_translation_batches(
+        corpus["val"][:300], *tokenizers, max_length=40, tokens_per_batch=500, batch_multiple=2, seed=3
+    )
+    sizes = [int(labels.shape[0]) for _, labels in batches.dataset]
+    assert all(size % 2 == 0 and size > 0 for size in sizes)
+    assert 300 - len(sizes) <= sum(sizes) <= 300

@@ -49,6 +49,7 @@ def make_translation_batches(
     long_pairs="drop",
     shuffle=True,
     seed=None,
+    batch_multiple=1,
 ):
     """Batches for training or evaluation from `(source, target)` string pairs.
 
@@ -62,6 +63,10 @@ def make_translation_batches(
         long_pairs: "drop" pairs longer than max_length, or "truncate" them.
         shuffle: shuffle pairs each epoch (training).
         seed: shuffling seed.
+        batch_multiple: trim every batch to a multiple of this many rows (the
+            number of replicas), so each replica gets an equal share; Keras'
+            `fit` under MirroredStrategy fails on a first batch that splits
+            unevenly. At most batch_multiple - 1 pairs a batch are left out.
 
     Returns:
         `TranslationBatches`.
@@ -141,5 +146,12 @@ def make_translation_batches(
             bucket_batch_sizes=[max(1, tokens_per_batch // length) for length in longest],
             padded_shapes=padded_shapes,
         )
+    if batch_multiple > 1:
+
+        def trim(inputs, labels):
+            rows = tf.shape(labels)[0] // batch_multiple * batch_multiple
+            return (inputs[0][:rows], inputs[1][:rows]), labels[:rows]
+
+        dataset = dataset.map(trim).filter(lambda inputs, labels: tf.shape(labels)[0] > 0)
     dataset = dataset.prefetch(tf.data.AUTOTUNE)
     return TranslationBatches(dataset=dataset, **counts)

@@ -35,12 +35,18 @@ def token_cross_entropy(labels, logits, label_smoothing=0.0):
     return (1.0 - label_smoothing) * nll + label_smoothing * uniform
 
 
-def _global_sum(value):
-    """Sum over replicas inside `strategy.run`; the value itself elsewhere."""
+def _global_token_count(real):
+    """Real tokens in the global batch: summed over replicas inside `strategy.run`.
+
+    A count, not a function of the weights: no gradient flows through it (and
+    none may flow through the all-reduce, whose inputs differ in shape when a
+    batch splits unevenly).
+    """
+    count = tf.stop_gradient(ops.sum(real))
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync == 1:
-        return value
-    return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+        return count
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, count)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -67,7 +73,7 @@ class MaskedSparseCrossEntropy(keras.losses.Loss):
         per_token = token_cross_entropy(y_true, y_pred, self.label_smoothing)
         real = ops.cast(ops.not_equal(y_true, self.padding_id), "float32")
         total = ops.sum(per_token * real)
-        count = _global_sum(ops.sum(real))
+        count = _global_token_count(real)
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
         # Keras multiplies by 1 / replicas before summing gradients: cancel it.
         return total * replicas / ops.maximum(count, 1.0)
