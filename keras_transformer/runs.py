@@ -20,6 +20,7 @@ import logging
 import os
 import random
 import time
+import warnings
 
 import keras
 
@@ -259,14 +260,19 @@ def train(config, run_dir, verbose=1):
     if settings["steps_per_epoch"]:
         train_dataset = train_dataset.repeat()
     started = time.time()
-    history = model.fit(
-        train_dataset,
-        validation_data=val_batches.dataset,
-        epochs=settings["epochs"],
-        steps_per_epoch=settings["steps_per_epoch"],
-        callbacks=training.training_callbacks(run_dir, settings["early_stopping"]),
-        verbose=verbose,
-    )
+    with warnings.catch_warnings():
+        # A dataset of unknown length ends its first epoch by running out of
+        # data, as it should; and it is shuffled by the pipeline, not by fit.
+        warnings.filterwarnings("ignore", message="Your input ran out of data")
+        warnings.filterwarnings("ignore", message="`shuffle=True` was passed")
+        history = model.fit(
+            train_dataset,
+            validation_data=val_batches.dataset,
+            epochs=settings["epochs"],
+            steps_per_epoch=settings["steps_per_epoch"],
+            callbacks=training.training_callbacks(run_dir, settings["early_stopping"]),
+            verbose=verbose,
+        )
     seconds = time.time() - started
 
     best = os.path.join(run_dir, "checkpoints", "best.weights.h5")

@@ -1,5 +1,7 @@
 """Callbacks that `fit` needs for a real training run."""
 
+import os
+
 import keras
 from keras import ops
 
@@ -24,8 +26,6 @@ def training_callbacks(run_dir, early_stopping_patience=None, tensorboard=True):
     `logs/` (TensorBoard: loss, accuracy, perplexity, learning rate) and
     `history.csv` inside `run_dir`.
     """
-    import os
-
     callbacks = [
         keras.callbacks.TerminateOnNaN(),
         LearningRateLogger(),
