@@ -24,15 +24,22 @@ from keras import ops
 
 
 def token_cross_entropy(labels, logits, label_smoothing=0.0):
-    """Per-position smoothed cross-entropy, `(batch, length)`, float32."""
+    """Per-position smoothed cross-entropy, `(batch, length)`, float32.
+
+    With lse = logsumexp(logits), -log p(v) = lse - logit_v, so
+
+        loss = lse - (1 - eps) * logit_y - eps * mean_v(logit_v)
+
+    which needs two reductions over the vocabulary instead of materialising
+    a `(batch, length, vocab)` log-softmax (the largest tensor of a step).
+    """
     logits = ops.cast(logits, "float32")
-    log_probs = ops.log_softmax(logits, axis=-1)
     labels = ops.cast(labels, "int32")
-    nll = -ops.squeeze(ops.take_along_axis(log_probs, labels[..., None], axis=-1), axis=-1)
+    log_normalizer = ops.logsumexp(logits, axis=-1)
+    label_logits = ops.squeeze(ops.take_along_axis(logits, labels[..., None], axis=-1), axis=-1)
     if not label_smoothing:
-        return nll
-    uniform = -ops.mean(log_probs, axis=-1)
-    return (1.0 - label_smoothing) * nll + label_smoothing * uniform
+        return log_normalizer - label_logits
+    return log_normalizer - (1.0 - label_smoothing) * label_logits - label_smoothing * ops.mean(logits, axis=-1)
 
 
 def _global_token_count(real):
