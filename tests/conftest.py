@@ -25,3 +25,14 @@ def _seed_and_policy():
     keras.config.set_dtype_policy("float32")
     yield
     keras.config.set_dtype_policy("float32")
+
+
+@pytest.fixture(scope="session")
+def mirrored_strategy():
+    """One MirroredStrategy over the two logical CPUs, shared by every test.
+
+    Several MirroredStrategy objects in one process can hand out clashing
+    collective-op keys; sharing one avoids that.
+    """
+    devices = [device.name for device in tf.config.list_logical_devices("CPU")][:2]
+    return tf.distribute.MirroredStrategy(devices)

@@ -108,15 +108,13 @@ def one_sgd_step(strategy, initial_weights):
     return history.history["loss"][0], gradients
 
 
-def test_two_replicas_give_the_single_device_loss_and_gradients():
+def test_two_replicas_give_the_single_device_loss_and_gradients(mirrored_strategy):
     reference = kt.models.Transformer(**SMALL)
     reference.build(((None, None), (None, None)))
     initial = reference.get_weights()
     single_loss, single_gradients = one_sgd_step(tf.distribute.get_strategy(), initial)
-    devices = [device.name for device in tf.config.list_logical_devices("CPU")][:2]
-    mirrored = tf.distribute.MirroredStrategy(devices)
-    assert mirrored.num_replicas_in_sync == 2
-    mirrored_loss, mirrored_gradients = one_sgd_step(mirrored, initial)
+    assert mirrored_strategy.num_replicas_in_sync == 2
+    mirrored_loss, mirrored_gradients = one_sgd_step(mirrored_strategy, initial)
     np.testing.assert_allclose(mirrored_loss, single_loss, rtol=1e-5)
     for single, mirrored in zip(single_gradients, mirrored_gradients):
         np.testing.assert_allclose(mirrored, single, atol=1e-5)

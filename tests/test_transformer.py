@@ -224,10 +224,8 @@ def test_mixed_bfloat16_forward_is_finite_and_close(batch):
     assert all(np.all(np.isfinite(ops.convert_to_numpy(ops.cast(s, "float32")))) for s in scores.values())
 
 
-def test_one_fit_step_under_mirrored_strategy(batch):
-    devices = [device.name for device in tf.config.list_logical_devices("CPU")][:2]
-    assert len(devices) == 2, "conftest splits the CPU into two logical devices"
-    strategy = tf.distribute.MirroredStrategy(devices)
+def test_one_fit_step_under_mirrored_strategy(batch, mirrored_strategy):
+    strategy = mirrored_strategy
     source, target = token_ids(8, 9, 40, 1), token_ids(8, 8, 50, 2)
     with strategy.scope():
         model = kt.models.Transformer(**SMALL)
