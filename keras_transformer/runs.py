@@ -73,10 +73,10 @@ DEMO_CONFIG = {
     "tokenizer": {"vocab_size": 1000},
     "model": {"preset": None, "num_layers": 2, "d_model": 128, "num_heads": 4, "d_ff": 512, "dropout": 0.1},
     "training": {
-        "epochs": 5,
+        "epochs": 4,
         "max_length": 40,
         "tokens_per_batch": 3072,
-        "warmup_steps": 400,
+        "warmup_steps": 300,
         "precision": "mixed_bfloat16",
     },
     "evaluation": {"beam_size": 1},
