@@ -21,7 +21,9 @@ setup(
         "sacrebleu>=2.4",
     ],
     extras_require={
-        "dev": ["pytest>=8"],
+        # The gRPC client of examples/serving_client.py.
+        "serving": ["tensorflow-serving-api~=2.21.0"],
+        "dev": ["pytest>=8", "tensorflow-serving-api~=2.21.0"],
     },
     entry_points={"console_scripts": ["keras-transformer=keras_transformer.cli:main"]},
     classifiers=[

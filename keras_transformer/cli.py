@@ -1,9 +1,11 @@
-"""The `keras-transformer` command: train | evaluate | translate.
+"""The `keras-transformer` command: train | evaluate | translate | export.
 
     keras-transformer train --dataset demo --out runs/demo
     keras-transformer evaluate runs/demo --split val --beam-size 4
     keras-transformer translate runs/demo "The dog sees the cat."
     echo "The dog sees the cat." | keras-transformer translate runs/demo
+    keras-transformer export runs/demo exports/translator          # -> exports/translator/1
+    keras-transformer translate --saved-model exports/translator "The dog sees the cat."
 """
 
 import argparse
@@ -139,9 +141,37 @@ def _evaluate(arguments):
 def _translate(arguments):
     from keras_transformer import runs
 
-    sentences = arguments.sentences or [line.rstrip("\n") for line in sys.stdin if line.strip()]
-    for translation in runs.translate(arguments.run_dir, sentences, arguments.beam_size):
+    sentences = arguments.sentences
+    if arguments.saved_model:
+        # No run directory with an export: the first positional is a sentence.
+        if arguments.beam_size:
+            raise ValueError("--beam-size cannot change an export: its beam size was fixed by `export`")
+        sentences = ([arguments.run_dir] if arguments.run_dir else []) + sentences
+    elif not arguments.run_dir:
+        raise ValueError("translate needs a run directory or --saved-model EXPORT")
+    sentences = sentences or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if arguments.saved_model:
+        translations = runs.translate_with_export(arguments.saved_model, sentences)
+    else:
+        translations = runs.translate(arguments.run_dir, sentences, arguments.beam_size)
+    for translation in translations:
         print(translation)
+
+
+def _export(arguments):
+    from keras_transformer import runs
+
+    path = runs.export(
+        arguments.run_dir,
+        arguments.export_base,
+        version=arguments.version,
+        beam_size=arguments.beam_size,
+        length_alpha=arguments.length_penalty,
+        max_output_length=arguments.max_output_length,
+    )
+    print(f"exported SavedModel: {path}")
+    print("signatures: serving_default, translate_with_attention, score_tokens")
+    print(f"try it:     keras-transformer translate --saved-model {path} \"...\"")
 
 
 def build_parser():
@@ -159,10 +189,24 @@ def build_parser():
     evaluate.set_defaults(handler=_evaluate)
 
     translate = commands.add_parser("translate", help="translate sentences (arguments or stdin, one a line)")
-    translate.add_argument("run_dir")
+    translate.add_argument("run_dir", nargs="?", help="the run directory (omit with --saved-model)")
     translate.add_argument("sentences", nargs="*")
     translate.add_argument("--beam-size", type=int)
+    translate.add_argument(
+        "--saved-model", metavar="EXPORT", help="translate with an export (a version directory or its base)"
+    )
     translate.set_defaults(handler=_translate)
+
+    export = commands.add_parser("export", help="export a run as a SavedModel for TensorFlow Serving")
+    export.add_argument("run_dir")
+    export.add_argument("export_base", help="the directory TensorFlow Serving watches; writes EXPORT_BASE/N/")
+    export.add_argument("--version", type=int, help="N (default: one more than the highest there)")
+    export.add_argument("--beam-size", type=int, help="default: the run's evaluation setting")
+    export.add_argument("--length-penalty", type=float, metavar="ALPHA", help="default: the run's (0.6)")
+    export.add_argument(
+        "--max-output-length", type=int, metavar="L", help="cap on output tokens (default: the model's max_length)"
+    )
+    export.set_defaults(handler=_export)
     return parser
 
 
@@ -171,7 +215,7 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         arguments.handler(arguments)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, FileExistsError) as error:
         print(f"keras-transformer: error: {error}", file=sys.stderr)
         return 2
     return 0

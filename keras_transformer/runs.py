@@ -1,4 +1,4 @@
-"""A training run on disk: what `keras-transformer train|evaluate|translate` work on.
+"""A training run on disk: what `keras-transformer train|evaluate|translate|export` work on.
 
     RUN_DIR/
       config.json      everything needed to rebuild data, tokenizers and model
@@ -303,7 +303,7 @@ def _update_metrics(run_dir, update):
     return metrics
 
 
-def load_translator(run_dir, beam_size=None, length_alpha=None, max_extra_length=None):
+def load_translator(run_dir, beam_size=None, length_alpha=None, max_extra_length=None, max_output_length=None):
     """The run's model and tokenizers as a `Translator` (settings default to the config's)."""
     config = load_config(run_dir)
     model_path = os.path.join(run_dir, "model.keras")
@@ -318,7 +318,8 @@ def load_translator(run_dir, beam_size=None, length_alpha=None, max_extra_length
         target_tokenizer,
         beam_size=beam_size or settings["beam_size"],
         length_alpha=settings["length_alpha"] if length_alpha is None else length_alpha,
-        max_extra_length=max_extra_length or settings["max_extra_length"],
+        max_extra_length=settings["max_extra_length"] if max_extra_length is None else max_extra_length,
+        max_output_length=max_output_length,
     )
 
 
@@ -347,14 +348,41 @@ def translate(run_dir, sentences, beam_size=None):
     return load_translator(run_dir, beam_size=beam_size).translate(sentences)
 
 
+def export(run_dir, export_base, version=None, beam_size=None, length_alpha=None, max_output_length=None):
+    """Write the run's translator as `export_base/<version>/` for TensorFlow Serving; returns the path."""
+    from keras_transformer.export import export_translator
+
+    translator = load_translator(
+        run_dir, beam_size=beam_size, length_alpha=length_alpha, max_output_length=max_output_length
+    )
+    return export_translator(translator, export_base, version=version)
+
+
+def translate_with_export(path, sentences, batch_size=64):
+    """Translate through an exported SavedModel, as a server would."""
+    import tensorflow as tf
+
+    from keras_transformer.export import load_export
+
+    serve = load_export(path).signatures["serving_default"]
+    sentences = list(sentences)
+    translations = []
+    for start in range(0, len(sentences), batch_size):
+        outputs = serve(text=tf.constant(sentences[start : start + batch_size], tf.string))
+        translations.extend(value.decode("utf-8") for value in outputs["translation"].numpy())
+    return translations
+
+
 __all__ = [
     "DEFAULT_CONFIG",
     "DEMO_CONFIG",
     "evaluate",
+    "export",
     "load_config",
     "load_pairs",
     "load_translator",
     "merge_config",
     "train",
     "translate",
+    "translate_with_export",
 ]

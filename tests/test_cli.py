@@ -2,30 +2,14 @@
 
 import csv
 import json
-import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
+from helpers import CLI, ENV, TINY_MODEL, cli
 from keras_transformer import data
-
-CLI = [sys.executable, "-m", "keras_transformer.cli"]
-TINY_MODEL = ["--num-layers", "1", "--d-model", "32", "--num-heads", "2", "--d-ff", "64"]
-ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-
-
-def cli(*arguments, input=None, check=True, timeout=600):
-    result = subprocess.run(
-        CLI + [str(a) for a in arguments], capture_output=True, text=True, input=input, env=ENV, timeout=timeout
-    )
-    if check and result.returncode != 0:
-        raise AssertionError(f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
-    return result
 
 
 def check_run_directory(run):
@@ -37,14 +21,10 @@ def check_run_directory(run):
 
 
 @pytest.mark.slow
-def test_train_evaluate_translate_on_the_demo_corpus(tmp_path):
-    run = tmp_path / "demo"
-    result = cli(
-        "train", "--dataset", "demo", "--out", run, "--epochs", 1, "--steps-per-epoch", 8,
-        "--limit-train", 3000, "--limit-val", 40, "--cpu-replicas", 2, "--strategy", "mirrored", *TINY_MODEL,
-    )
-    assert "validation BLEU" in result.stdout and "translation:" in result.stdout
-    assert f"run directory: {run}" in result.stdout and "tensorboard --logdir" in result.stdout
+def test_train_evaluate_translate_on_the_demo_corpus(trained_demo_run):
+    run, stdout = trained_demo_run
+    assert "validation BLEU" in stdout and "translation:" in stdout
+    assert f"run directory: {run}" in stdout and "tensorboard --logdir" in stdout
     check_run_directory(run)
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["training"]["replicas"] == 2

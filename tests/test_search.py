@@ -1,5 +1,6 @@
 """Decoding: the cached search agrees with recomputation, beam search with greedy."""
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -21,6 +22,8 @@ def sources(seed=0, batch=6, length=7):
 
 @pytest.fixture(scope="module")
 def model():
+    # Module fixtures are built before the per-test seed: seed here too.
+    keras.utils.set_random_seed(1)
     model = kt.models.Transformer(**CONFIG)
     model.build(((None, None), (None, None)))
     # Raise the [END] logit until some sentences of a batch end with [END] and
@@ -151,6 +154,45 @@ def test_source_truncation_keeps_the_end_token(translator_parts):
     assert ids.shape[1] == model.max_length
     assert ids[0, -1] == source.end_id and ids[0, 0] == source.start_id
     assert list(ids[1]).count(source.end_id) == 1
+
+
+@pytest.mark.parametrize("beam_size", [1, 2])
+def test_translate_with_attention_explains_the_translation_it_returns(translator_parts, beam_size):
+    model, source, target = translator_parts
+    translator = Translator(model, source, target, beam_size=beam_size, max_extra_length=5)
+    texts = tf.constant(["Ein Hund und ein Hund.", "Hund!", ""])
+    plain = translator(texts)
+    outputs = translator.translate_with_attention(texts)
+    np.testing.assert_array_equal(outputs["translation"].numpy(), plain["translation"].numpy())
+    np.testing.assert_array_equal(outputs["tokens"].numpy(), plain["tokens"].numpy())
+
+    tokens = outputs["tokens"].numpy()
+    source_ids = translator.source_ids(texts).numpy()
+    attention = outputs["cross_attention"].numpy()
+    assert attention.shape == (3, model.num_layers, model.num_heads, tokens.shape[1], source_ids.shape[1])
+    # Tokens are trimmed to the longest output; the empty source has none.
+    assert (tokens != 0).sum(axis=1).max() == tokens.shape[1] and (tokens[2] == 0).all()
+    real_rows = tokens != 0
+    row_sums = attention.sum(axis=-1)
+    np.testing.assert_allclose(row_sums[real_rows.nonzero()[0], :, :, real_rows.nonzero()[1]], 1.0, atol=1e-5)
+    assert np.all(row_sums[~real_rows[:, None, None, :].repeat(2, 1).repeat(4, 2)] == 0.0)
+    # No attention goes to padded source positions.
+    assert np.abs(attention * (source_ids == 0)[:, None, None, None, :]).max() < 1e-6
+
+    expected_source = np.where(source_ids == 0, b"", source.id_to_token(source_ids).numpy())
+    np.testing.assert_array_equal(outputs["source_tokens"].numpy(), expected_source)
+    assert outputs["source_tokens"].numpy()[1, 0] == b"[START]"
+    expected_target = np.where(tokens == 0, b"", target.id_to_token(tokens).numpy())
+    np.testing.assert_array_equal(outputs["target_tokens"].numpy(), expected_target)
+
+
+def test_max_output_length_caps_every_output(translator_parts):
+    model, source, target = translator_parts
+    translator = Translator(model, source, target, beam_size=2, max_output_length=3)
+    tokens = translator(tf.constant(["Ein Hund und ein Hund und ein Hund."]))["tokens"].numpy()
+    assert (tokens != 0).sum() <= 3
+    with pytest.raises(ValueError, match=r"max_output_length must be between 1 and the model's max_length \(30\)"):
+        Translator(model, source, target, max_output_length=31)
 
 
 def test_cached_search_under_mixed_bfloat16():

@@ -33,10 +33,22 @@ def length_penalty(lengths, alpha):
     return tf.pow((5.0 + tf.cast(lengths, tf.float32)) / 6.0, alpha)
 
 
-def _limits(model, source_ids, max_extra_length):
+def output_length_cap(model, max_output_length=None):
+    """The longest output allowed: `max_output_length`, at most the model's `max_length`."""
+    if max_output_length is None:
+        return model.max_length
+    if not 1 <= max_output_length <= model.max_length:
+        raise ValueError(
+            f"max_output_length must be between 1 and the model's max_length ({model.max_length}), "
+            f"got {max_output_length}"
+        )
+    return max_output_length
+
+
+def _limits(model, source_ids, max_extra_length, max_output_length=None):
     """Each sentence's output limit, and the number of steps the batch needs (at least 1)."""
     source_lengths = tf.reduce_sum(tf.cast(padding_mask(source_ids), tf.int32), axis=1)
-    limits = tf.minimum(source_lengths + max_extra_length, model.max_length)
+    limits = tf.minimum(source_lengths + max_extra_length, output_length_cap(model, max_output_length))
     return limits, tf.maximum(tf.reduce_max(limits), 1)
 
 
@@ -119,7 +131,9 @@ def _write_column(buffer, column, values):
     return tf.where(positions == column, values[..., None], buffer)
 
 
-def greedy_search(model, source_ids, start_id, end_id, max_extra_length=50, length_alpha=0.6, use_cache=True):
+def greedy_search(
+    model, source_ids, start_id, end_id, max_extra_length=50, length_alpha=0.6, use_cache=True, max_output_length=None
+):
     """Pick the most probable token at every step.
 
     Args:
@@ -129,13 +143,15 @@ def greedy_search(model, source_ids, start_id, end_id, max_extra_length=50, leng
         max_extra_length: a sentence may be this much longer than its source.
         length_alpha: alpha of the length penalty used for the returned score.
         use_cache: decode on the key/value cache (else recompute the prefix).
+        max_output_length: no output is longer than this (default: the
+            model's `max_length`).
 
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`.
     """
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)
     batch = tf.shape(source_ids)[0]
-    limits, num_steps = _limits(model, source_ids, max_extra_length)
+    limits, num_steps = _limits(model, source_ids, max_extra_length, max_output_length)
     memory = model.encode(source_ids)
     steps = _steps(use_cache)(model, memory, padding_mask(source_ids), num_steps)
 
@@ -170,14 +186,28 @@ def greedy_search(model, source_ids, start_id, end_id, max_extra_length=50, leng
 
 
 def beam_search(
-    model, source_ids, start_id, end_id, beam_size=4, length_alpha=0.6, max_extra_length=50, use_cache=True
+    model,
+    source_ids,
+    start_id,
+    end_id,
+    beam_size=4,
+    length_alpha=0.6,
+    max_extra_length=50,
+    use_cache=True,
+    max_output_length=None,
+    keep_greedy=True,
 ):
-    """Keep the `beam_size` best hypotheses at every step; return the best.
+    """Keep the `beam_size` most probable hypotheses at every step; return the best.
 
-    Hypotheses are ranked by length-normalised log-probability. A finished
-    hypothesis stays in the beam with its score frozen and competes with the
-    growing ones; the search ends when every hypothesis is finished. With
-    `beam_size=1` this is exactly greedy search.
+    At each step the live hypotheses are extended by every token and the
+    `2 * beam_size` most probable extensions are kept. Those that end
+    ([END], or the sentence's length limit) among the first `beam_size` are
+    final: they are set aside, where longer hypotheses can no longer push
+    them out. The best `beam_size` that did not end stay live. A sentence is
+    done when it has `beam_size` final hypotheses; the one with the best
+    length-normalised score is returned, or the greedy translation when
+    that scores better (`keep_greedy`, see below). With `beam_size=1` this
+    is exactly greedy search. Other arguments as `greedy_search`.
 
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`.
@@ -186,8 +216,7 @@ def beam_search(
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)
     batch = tf.shape(source_ids)[0]
-    limits, num_steps = _limits(model, source_ids, max_extra_length)
-    limits = limits[:, None]
+    limits, num_steps = _limits(model, source_ids, max_extra_length, max_output_length)
     memory = model.encode(source_ids)
     source_mask = padding_mask(source_ids)
     # Encode once, then give every beam its own copy of the sentence's context.
@@ -201,49 +230,69 @@ def beam_search(
         state = repeat(steps.state)
 
     vocab_size = model.tgt_vocab_size
-    # A finished hypothesis can only be continued by padding, at no cost.
-    padding_only = tf.tensor_scatter_nd_update(tf.fill([vocab_size], NEG_INF), [[0]], [0.0])
+    candidates_kept = 2 * beam_size  # enough that beam_size of them did not end
+    within_beam = tf.range(candidates_kept)[None, :] < beam_size
     batch_offsets = tf.range(batch)[:, None] * beam_size
 
-    def not_done(step, finished, *_):
-        return (step < num_steps) & ~tf.reduce_all(finished)
+    def not_done(step, done, *_):
+        return (step < num_steps) & ~tf.reduce_all(done)
 
-    def one_step(step, finished, state, last, sequences, beam_log_probs, lengths):
+    def one_step(step, done, state, last, live, live_log_probs, final, final_scores, final_count):
         log_probs, state = steps.log_probs(state, last, step)
         log_probs = tf.reshape(_never_generate(log_probs, start_id), [batch, beam_size, vocab_size])
-        log_probs = tf.where(finished[:, :, None], padding_only, log_probs)
-        candidates = beam_log_probs[:, :, None] + log_probs
-        candidate_lengths = tf.where(finished, lengths, step + 1)[:, :, None]
-        normalized = candidates / length_penalty(candidate_lengths, length_alpha)
-        _, best = tf.math.top_k(tf.reshape(normalized, [batch, -1]), k=beam_size)
-        beam_index, tokens = best // vocab_size, best % vocab_size
+        extensions = tf.reshape(live_log_probs[:, :, None] + log_probs, [batch, -1])
+        top_log_probs, top = tf.math.top_k(extensions, k=candidates_kept)
+        beam_index, tokens = top // vocab_size, top % vocab_size
+        top_sequences = _write_column(tf.gather(live, beam_index, batch_dims=1), step, tokens)
+        ends = (tokens == end_id) | (step + 1 >= limits[:, None])
 
-        beam_log_probs = tf.gather(tf.reshape(candidates, [batch, -1]), best, batch_dims=1)
-        previously_finished = tf.gather(finished, beam_index, batch_dims=1)
-        lengths = tf.where(previously_finished, tf.gather(lengths, beam_index, batch_dims=1), step + 1)
-        finished = previously_finished | (tokens == end_id) | (step + 1 >= limits)
-        sequences = _write_column(tf.gather(sequences, beam_index, batch_dims=1), step, tokens)
-        state = steps.reorder(state, tf.reshape(batch_offsets + beam_index, [-1]))
-        return step + 1, finished, state, tf.reshape(tokens, [-1]), sequences, beam_log_probs, lengths
+        # Set the ended ones among the first beam_size aside, scored.
+        new_final = ends & within_beam & ~done[:, None] & (top_log_probs > NEG_INF / 2)
+        new_scores = tf.where(new_final, top_log_probs / length_penalty(step + 1, length_alpha), NEG_INF)
+        final_count += tf.reduce_sum(tf.cast(new_final, tf.int32), axis=1)
+        final_scores, best = tf.math.top_k(tf.concat([final_scores, new_scores], axis=1), k=beam_size)
+        final = tf.gather(tf.concat([final, top_sequences], axis=1), best, batch_dims=1)
+
+        # The best beam_size that did not end carry on.
+        live_log_probs, best = tf.math.top_k(tf.where(ends, NEG_INF, top_log_probs), k=beam_size)
+        live = tf.gather(top_sequences, best, batch_dims=1)
+        state = steps.reorder(state, tf.reshape(batch_offsets + tf.gather(beam_index, best, batch_dims=1), [-1]))
+        next_tokens = tf.reshape(tf.gather(tokens, best, batch_dims=1), [-1])
+        done = done | (final_count >= beam_size) | (step + 1 >= limits)
+        return step + 1, done, state, next_tokens, live, live_log_probs, final, final_scores, final_count
 
     # Only the first beam is live at the start, or every beam would be the same.
     first_beam_only = tf.concat([[0.0], tf.fill([beam_size - 1], NEG_INF)], axis=0)
+    no_sequences = tf.zeros([batch, beam_size, num_steps], tf.int32)
     initial = (
         tf.constant(0),
-        tf.zeros([batch, beam_size], tf.bool),
+        tf.zeros([batch], tf.bool),
         state,
         tf.fill([batch * beam_size], tf.cast(start_id, tf.int32)),
-        tf.zeros([batch, beam_size, num_steps], tf.int32),
+        no_sequences,
         tf.tile(first_beam_only[None], [batch, 1]),
-        tf.zeros([batch, beam_size], tf.int32),
+        no_sequences,
+        tf.fill([batch, beam_size], NEG_INF),
+        tf.zeros([batch], tf.int32),
     )
-    _, _, _, _, sequences, beam_log_probs, lengths = tf.while_loop(
+    results = tf.while_loop(
         not_done, one_step, initial, shape_invariants=_invariants(initial, state_index=2, steps=steps)
     )
-
-    scores = beam_log_probs / length_penalty(lengths, length_alpha)
-    best_beam = tf.argmax(scores, axis=1, output_type=tf.int32)
-    return tf.gather(sequences, best_beam, batch_dims=1), tf.gather(scores, best_beam, batch_dims=1)
+    # top_k keeps the final hypotheses sorted: the first is the best.
+    tokens, scores = results[6][:, 0], results[7][:, 0]
+    if beam_size == 1 or not keep_greedy:
+        return tokens, scores
+    # Pruning can drop the greedy path early and end on a worse hypothesis.
+    # Following that one path too (about 1/beam_size more decoding) means
+    # beam search never returns a worse score than greedy search.
+    greedy_tokens, greedy_scores = greedy_search(
+        model, source_ids, start_id, end_id, max_extra_length=max_extra_length, length_alpha=length_alpha,
+        use_cache=use_cache, max_output_length=max_output_length,
+    )
+    width = tf.maximum(tf.shape(tokens)[1], tf.shape(greedy_tokens)[1])
+    pad = lambda values: tf.pad(values, [[0, 0], [0, width - tf.shape(values)[1]]])  # noqa: E731
+    greedy_wins = greedy_scores > scores
+    return tf.where(greedy_wins[:, None], pad(greedy_tokens), pad(tokens)), tf.where(greedy_wins, greedy_scores, scores)
 
 
 def score_sequences(model, source_ids, target_ids, start_id, length_alpha=0.6):

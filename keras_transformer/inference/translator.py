@@ -7,7 +7,7 @@ cached search and the detokenizer, and needs no Python to run.
 
 import tensorflow as tf
 
-from keras_transformer.inference.search import beam_search, greedy_search
+from keras_transformer.inference.search import beam_search, greedy_search, output_length_cap
 
 
 class Translator(tf.Module):
@@ -19,6 +19,8 @@ class Translator(tf.Module):
         beam_size: 1 for greedy search, else beam search with this many beams.
         length_alpha: the length penalty's alpha (0.6 in the paper).
         max_extra_length: outputs may be this much longer than their source.
+        max_output_length: and never longer than this (default: the model's
+            `max_length`).
 
     Call arguments:
         texts: `(batch,)` strings.
@@ -26,17 +28,31 @@ class Translator(tf.Module):
     Returns:
         `{"translation": (batch,) strings, "score": (batch,) float32,
         "tokens": (batch, steps) int32}`. Sources longer than the model's
-        `max_length` are truncated to it; an empty source gives "".
+        `max_length` are truncated to it (keeping [END]); an empty source
+        gives "" with no tokens; bytes that are not UTF-8 are replaced.
+        `translate_with_attention` adds the tokens as strings and the
+        cross-attention the translation was produced with.
 
     Example:
     >>> translator = Translator(model, source_tokenizer, target_tokenizer, beam_size=4)
     >>> translator(tf.constant(["Ein Mann fährt Fahrrad."]))["translation"]
     """
 
-    def __init__(self, model, source_tokenizer, target_tokenizer, beam_size=4, length_alpha=0.6, max_extra_length=50):
+    def __init__(
+        self,
+        model,
+        source_tokenizer,
+        target_tokenizer,
+        beam_size=4,
+        length_alpha=0.6,
+        max_extra_length=50,
+        max_output_length=None,
+    ):
         super().__init__(name="translator")
         if beam_size < 1:
             raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+        if max_extra_length < 0:
+            raise ValueError(f"max_extra_length must be at least 0, got {max_extra_length}")
         for side, model_size, tokenizer in (
             ("source", model.src_vocab_size, source_tokenizer),
             ("target", model.tgt_vocab_size, target_tokenizer),
@@ -52,6 +68,7 @@ class Translator(tf.Module):
         self.beam_size = beam_size
         self.length_alpha = length_alpha
         self.max_extra_length = max_extra_length
+        self.max_output_length = output_length_cap(model, max_output_length)
 
     def source_ids(self, texts):
         """`(batch, length)` int32 source ids, truncated to the model's max_length."""
@@ -66,28 +83,66 @@ class Translator(tf.Module):
     def search(self, source_ids):
         """Ids in, `(tokens, scores)` out."""
         target = self.target_tokenizer
+        limits = dict(max_extra_length=self.max_extra_length, max_output_length=self.max_output_length)
         if self.beam_size == 1:
             return greedy_search(
-                self.model, source_ids, target.start_id, target.end_id,
-                max_extra_length=self.max_extra_length, length_alpha=self.length_alpha,
+                self.model, source_ids, target.start_id, target.end_id, length_alpha=self.length_alpha, **limits
             )
         return beam_search(
             self.model, source_ids, target.start_id, target.end_id, beam_size=self.beam_size,
-            length_alpha=self.length_alpha, max_extra_length=self.max_extra_length,
+            length_alpha=self.length_alpha, **limits,
         )
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
-    def __call__(self, texts):
+    def _translate(self, texts):
         source_ids = self.source_ids(texts)
         tokens, scores = self.search(source_ids)
         # [START] and [END] alone: nothing to translate.
         empty = tf.reduce_sum(tf.cast(source_ids != 0, tf.int32), axis=1) <= 2
-        translations = tf.where(empty, tf.constant(""), self.target_tokenizer.detokenize(tokens))
-        return {
-            "translation": translations,
+        tokens = tf.where(empty[:, None], 0, tokens)
+        # The search's buffer has room for the longest allowed output; keep the columns used.
+        longest = tf.reduce_max(tf.reduce_sum(tf.cast(tokens != 0, tf.int32), axis=1, keepdims=True))
+        tokens = tokens[:, : tf.maximum(longest, 0)]
+        return source_ids, {
+            "translation": tf.where(empty, tf.constant(""), self.target_tokenizer.detokenize(tokens)),
             "score": tf.where(empty, 0.0, scores),
             "tokens": tokens,
         }
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def __call__(self, texts):
+        return self._translate(texts)[1]
+
+    def cross_attention(self, source_ids, tokens):
+        """The cross-attention that produced `tokens` (as the searches return them).
+
+        One teacher-forced pass over [START] + tokens: row t of a map is what
+        the decoder attended to when it chose token t. Returns
+        `(batch, layers, heads, tokens, source)` float32, zero on padding rows.
+        """
+        batch = tf.shape(tokens)[0]
+        start = tf.fill([batch, 1], tf.cast(self.target_tokenizer.start_id, tokens.dtype))
+        decoder_inputs = tf.concat([start, tokens[:, :-1]], axis=1)
+        _, scores = self.model((source_ids, decoder_inputs), training=False, return_attention_scores=True)
+        maps = tf.stack(
+            [scores[f"decoder/layer_{index}/cross_attention"] for index in range(self.model.num_layers)], axis=1
+        )
+        real_rows = tf.cast(tokens != 0, tf.float32)[:, None, None, :, None]
+        return tf.cast(maps, tf.float32) * real_rows
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def translate_with_attention(self, texts):
+        """`__call__`'s outputs plus `source_tokens`, `target_tokens` ((batch, None)
+        strings, padded with "") and `cross_attention` (see `cross_attention`)."""
+        source_ids, outputs = self._translate(texts)
+        tokens = outputs["tokens"]
+        outputs["cross_attention"] = self.cross_attention(source_ids, tokens)
+        outputs["source_tokens"] = self._token_strings(self.source_tokenizer, source_ids)
+        outputs["target_tokens"] = self._token_strings(self.target_tokenizer, tokens)
+        return outputs
+
+    @staticmethod
+    def _token_strings(tokenizer, ids):
+        return tf.where(ids == tokenizer.pad_id, tf.constant(""), tokenizer.id_to_token(ids))
 
     def translate(self, texts, batch_size=64):
         """Python strings in, Python strings out, in batches."""

@@ -1,0 +1,11 @@
+"""Export a trained translator as a SavedModel that TensorFlow Serving runs."""
+
+from keras_transformer.export.saved_model import (
+    SIGNATURES,
+    TranslationService,
+    export_translator,
+    load_export,
+    resolve_export,
+)
+
+__all__ = ["SIGNATURES", "TranslationService", "export_translator", "load_export", "resolve_export"]

@@ -1,0 +1,202 @@
+"""The whole translator as one SavedModel: raw strings in, translations out.
+
+Tutorials usually export a model that needs Python around it (a tokenizer
+in the client, a decoding loop in a script). Here the tokenizer, the cached
+beam search and the detokenizer are all in the graph, built from TensorFlow
+and tensorflow-text ops only, so the stock `tensorflow_model_server` (which
+links tensorflow-text's ops) serves it as it is.
+
+An export lives at `EXPORT_BASE/<version>/`, the layout TensorFlow Serving
+watches: it serves the highest version and picks up a new one when it
+appears. A version is written under a hidden temporary name and renamed into
+place when complete, so the server never sees half an export.
+
+Signatures (see `SIGNATURES`):
+- `serving_default`: `text` (string `[batch]`) -> `translation` (string
+  `[batch]`), `score` (float32 `[batch]`, the length-normalised log-probability).
+- `translate_with_attention`: the same plus `source_tokens`, `target_tokens`
+  (string `[batch, None]`, padded with "") and `cross_attention` (float32
+  `[batch, layers, heads, target_tokens, source_tokens]`).
+- `score_tokens`: `source_ids`, `target_ids` (int32 `[batch, None]`, 0 =
+  padding, targets starting with [START]) -> `logits` (float32
+  `[batch, target_len, target_vocab]`), for clients that tokenize themselves.
+
+Inputs are checked in the graph: an empty string translates to "", a source
+longer than the model's `max_length` is truncated to it, an empty batch gives
+empty outputs, bytes that are not UTF-8 are replaced by U+FFFD.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+
+import tensorflow as tf
+
+SIGNATURES = {
+    "serving_default": ("text",),
+    "translate_with_attention": ("text",),
+    "score_tokens": ("source_ids", "target_ids"),
+}
+
+_TEXT = tf.TensorSpec([None], tf.string, name="text")
+_SOURCE_IDS = tf.TensorSpec([None, None], tf.int32, name="source_ids")
+_TARGET_IDS = tf.TensorSpec([None, None], tf.int32, name="target_ids")
+
+
+class TranslationService:
+    """The signatures of an export, around a `keras_transformer.inference.Translator`.
+
+    Args:
+        translator: the `Translator` whose settings (beam size, length
+            penalty, output limits) the export keeps.
+
+    Example:
+    >>> service = TranslationService(translator)
+    >>> service.serve(tf.constant(["Ein Mann fährt Fahrrad."]))["translation"]
+    """
+
+    def __init__(self, translator):
+        self.translator = translator
+
+    @tf.function(input_signature=[_TEXT])
+    def serve(self, text):
+        outputs = self.translator(text)
+        return {"translation": outputs["translation"], "score": outputs["score"]}
+
+    @tf.function(input_signature=[_TEXT])
+    def translate_with_attention(self, text):
+        outputs = self.translator.translate_with_attention(text)
+        names = ("translation", "score", "source_tokens", "target_tokens", "cross_attention")
+        return {name: outputs[name] for name in names}
+
+    @tf.function(input_signature=[_SOURCE_IDS, _TARGET_IDS])
+    def score_tokens(self, source_ids, target_ids):
+        model = self.translator.model
+        checks = [
+            _check_ids(source_ids, model.src_vocab_size, "source_ids"),
+            _check_ids(target_ids, model.tgt_vocab_size, "target_ids"),
+            tf.debugging.assert_less_equal(
+                tf.shape(target_ids)[1], model.max_length,
+                message=f"target_ids are longer than the model's max_length ({model.max_length})",
+            ),
+            tf.debugging.assert_less_equal(
+                tf.shape(source_ids)[1], model.max_length,
+                message=f"source_ids are longer than the model's max_length ({model.max_length})",
+            ),
+        ]
+        with tf.control_dependencies(checks):
+            logits = model((source_ids, target_ids), training=False)
+        return {"logits": tf.cast(logits, tf.float32)}
+
+    def signatures(self):
+        return {
+            "serving_default": self.serve.get_concrete_function(),
+            "translate_with_attention": self.translate_with_attention.get_concrete_function(),
+            "score_tokens": self.score_tokens.get_concrete_function(),
+        }
+
+    def saveable(self):
+        """The object to hand to `tf.saved_model.save`: the functions and the model's variables.
+
+        The functions read the `tf.Variable`s inside the Keras variables, so
+        those are what must be saved. Saving the Keras wrappers instead makes
+        the export save a copy of each variable under another name, and a
+        session-based loader (`saved_model_cli run`, TensorFlow Serving)
+        restores the copies while the functions read the uninitialised
+        originals.
+        """
+        root = tf.Module(name="translation_service")
+        root.model_variables = [variable.value for variable in self.translator.model.variables]
+        root.serve = self.serve
+        root.translate_with_attention = self.translate_with_attention
+        root.score_tokens = self.score_tokens
+        return root
+
+
+def _check_ids(ids, vocab_size, name):
+    return tf.debugging.assert_equal(
+        tf.reduce_all((ids >= 0) & (ids < vocab_size)),
+        True,
+        message=f"{name} must be ids in [0, {vocab_size})",
+    )
+
+
+def _versions(export_base):
+    if not os.path.isdir(export_base):
+        return []
+    return sorted(int(name) for name in os.listdir(export_base) if name.isdigit())
+
+
+def export_translator(translator, export_base, version=None):
+    """Write `translator` as SavedModel version `version` under `export_base`.
+
+    Args:
+        translator: a `keras_transformer.inference.Translator`.
+        export_base: the directory TensorFlow Serving watches.
+        version: a positive integer; default one more than the highest
+            version already there (1 for a new directory). An existing
+            version is never overwritten.
+
+    Returns:
+        The path of the new version directory.
+    """
+    if version is None:
+        version = (_versions(export_base) or [0])[-1] + 1
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"version must be a positive integer, got {version!r}")
+    path = os.path.join(export_base, str(version))
+    if os.path.exists(path):
+        raise FileExistsError(f"{path} already exists: pick another version or remove it first")
+    os.makedirs(export_base, exist_ok=True)
+    # Serving ignores names that are not numbers: build there, then rename.
+    staging = tempfile.mkdtemp(prefix=f".{version}-incomplete-", dir=export_base)
+    try:
+        service = TranslationService(translator)
+        tf.saved_model.save(service.saveable(), staging, signatures=service.signatures())
+        _write_settings(staging, translator)
+        os.chmod(staging, 0o755)  # mkdtemp's 0700 would hide it from a server running as another user
+        os.rename(staging, path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return path
+
+
+def _write_settings(directory, translator):
+    # assets.extra travels with the version but is not part of the graph.
+    extra = os.path.join(directory, "assets.extra")
+    os.makedirs(extra, exist_ok=True)
+    model = translator.model
+    settings = {
+        "beam_size": translator.beam_size,
+        "length_alpha": translator.length_alpha,
+        "max_extra_length": translator.max_extra_length,
+        "max_output_length": translator.max_output_length,
+        "max_source_length": model.max_length,
+        "source_vocab_size": model.src_vocab_size,
+        "target_vocab_size": model.tgt_vocab_size,
+        "num_layers": model.num_layers,
+        "num_heads": model.num_heads,
+        "signatures": {name: list(inputs) for name, inputs in SIGNATURES.items()},
+    }
+    with open(os.path.join(extra, "translator.json"), "w", encoding="utf-8") as file:
+        json.dump(settings, file, indent=2)
+
+
+def resolve_export(path):
+    """`path` itself when it holds a SavedModel, else its highest numbered version."""
+    if os.path.exists(os.path.join(path, "saved_model.pb")):
+        return path
+    versions = _versions(path)
+    if not versions:
+        raise FileNotFoundError(f"{path} holds neither a saved_model.pb nor numbered versions of one")
+    return os.path.join(path, str(versions[-1]))
+
+
+def load_export(path):
+    """Load an export (a version directory, or a base: its highest version)."""
+    # The WordPiece ops must be registered before the graph is loaded.
+    import tensorflow_text  # noqa: F401
+
+    return tf.saved_model.load(resolve_export(path))

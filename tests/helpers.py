@@ -1,0 +1,22 @@
+"""Running the `keras-transformer` command as a user does: a real subprocess."""
+
+import os
+import subprocess
+import sys
+
+CLI = [sys.executable, "-m", "keras_transformer.cli"]
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+TINY_MODEL = ["--num-layers", "1", "--d-model", "32", "--num-heads", "2", "--d-ff", "64"]
+
+
+def cli(*arguments, input=None, check=True, timeout=600):
+    return run([*CLI, *arguments], input=input, check=check, timeout=timeout)
+
+
+def run(command, input=None, check=True, timeout=600):
+    result = subprocess.run(
+        [str(part) for part in command], capture_output=True, text=True, input=input, env=ENV, timeout=timeout
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result

@@ -1,0 +1,242 @@
+"""The SavedModel export, proved the way TensorFlow Serving would use it.
+
+The export is made by `keras-transformer export` and loaded in a fresh
+Python process that imports only `tensorflow` and `tensorflow_text`: what it
+returns must be exactly what the in-process translator returns, and its
+graphs must hold nothing but TensorFlow and tensorflow-text ops.
+"""
+
+import base64
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from helpers import cli, run
+from keras_transformer import runs
+from keras_transformer.export import export_translator, resolve_export
+
+BEAM_SIZE = 2
+SENTENCES = [
+    "The dog sees the cat.",
+    "A woman sleeps.",
+    "",  # empty in, empty out
+    "Today the young children do not sleep in the big house near the old tree.",
+    " ".join(["The dog sees the cat."] * 12),  # longer than max_length: truncated
+    b"The \xff\xfe dog sleeps.",  # not UTF-8: replaced, not fatal
+]
+
+# Runs in a fresh interpreter: no keras_transformer, no Keras model classes.
+FRESH_PROCESS = r"""
+import base64, json, sys
+import numpy as np
+import tensorflow as tf
+import tensorflow_text  # noqa: F401  registers the WordPiece ops, as tensorflow_model_server does
+from tensorflow.core.protobuf import saved_model_pb2
+from tensorflow.python.framework import op_def_registry
+
+export_dir, keras_export_dir, sentences_json, out_path = sys.argv[1:5]
+texts = tf.constant([base64.b64decode(text) for text in json.loads(sentences_json)], tf.string)
+
+saved_model = saved_model_pb2.SavedModel()
+with open(f"{export_dir}/saved_model.pb", "rb") as file:
+    saved_model.ParseFromString(file.read())
+graph = saved_model.meta_graphs[0].graph_def
+functions = {function.signature.name for function in graph.library.function}
+op_types = {node.op for node in graph.node}
+for function in graph.library.function:
+    op_types.update(node.op for node in function.node_def)
+unregistered = sorted(op for op in op_types if op not in functions and op_def_registry.get(op) is None)
+
+loaded = tf.saved_model.load(export_dir)
+served = loaded.signatures["serving_default"](text=texts)
+attention = loaded.signatures["translate_with_attention"](text=texts)
+empty = loaded.signatures["serving_default"](text=tf.constant([], tf.string))
+source_ids = np.array([[2, 20, 21, 22, 3, 0], [2, 23, 3, 0, 0, 0]], np.int32)
+target_ids = np.array([[2, 30, 31, 32], [2, 33, 0, 0]], np.int32)
+logits = loaded.signatures["score_tokens"](source_ids=source_ids, target_ids=target_ids)["logits"]
+keras_export = tf.saved_model.load(keras_export_dir)
+keras_logits = keras_export.serve((source_ids, target_ids))
+
+np.savez(
+    out_path,
+    translation=served["translation"].numpy(), score=served["score"].numpy(),
+    signature_names=np.array(sorted(loaded.signatures)),
+    op_types=np.array(sorted(op_types)), unregistered=np.array(unregistered, dtype=str),
+    attention_translation=attention["translation"].numpy(), cross_attention=attention["cross_attention"].numpy(),
+    source_tokens=attention["source_tokens"].numpy(), target_tokens=attention["target_tokens"].numpy(),
+    empty_shapes=np.array([empty["translation"].shape[0], empty["score"].shape[0]]),
+    logits=logits.numpy(), keras_logits=np.asarray(keras_logits),
+    source_ids=source_ids, target_ids=target_ids,
+    modules=np.array(sorted(name for name in sys.modules if name.split(".")[0] == "keras_transformer")),
+)
+"""
+
+
+def load_example(name):
+    path = Path(__file__).resolve().parents[1] / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def export_base(trained_demo_run, tmp_path_factory):
+    run_dir, _ = trained_demo_run
+    base = tmp_path_factory.mktemp("exports") / "translator"
+    result = cli("export", run_dir, base, "--beam-size", BEAM_SIZE)
+    assert f"exported SavedModel: {base / '1'}" in result.stdout
+    return base
+
+
+@pytest.fixture(scope="module")
+def in_process(trained_demo_run):
+    """What the translator in this process gives (same settings as the export)."""
+    run_dir, _ = trained_demo_run
+    translator = runs.load_translator(run_dir, beam_size=BEAM_SIZE)
+    texts = tf.constant(SENTENCES, tf.string)
+    return translator, translator(texts), translator.translate_with_attention(texts)
+
+
+@pytest.mark.slow
+def test_a_fresh_process_with_only_tensorflow_serves_the_same_translations(export_base, in_process, tmp_path):
+    translator, expected, expected_attention = in_process
+    keras_export = tmp_path / "keras_export"
+    # Keras' own export of the bare model: ids in, logits out.
+    translator.model.export(
+        str(keras_export),
+        format="tf_saved_model",
+        input_signature=[(tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None, None], tf.int32))],
+        verbose=False,
+    )
+    encoded = json.dumps(
+        [base64.b64encode(text if isinstance(text, bytes) else text.encode()).decode() for text in SENTENCES]
+    )
+    out = tmp_path / "served.npz"
+    run([sys.executable, "-c", FRESH_PROCESS, export_base / "1", keras_export, encoded, out])
+    served = np.load(out, allow_pickle=True)  # byte strings come as object arrays
+
+    assert list(served["modules"]) == [], "the fresh process must not need keras_transformer"
+    assert list(served["unregistered"]) == [], "ops that TensorFlow + tensorflow-text do not register"
+    assert not {"PyFunc", "EagerPyFunc", "PyFuncStateless"} & set(served["op_types"])
+    assert {"FastWordpieceTokenizeWithOffsets", "While"} <= set(served["op_types"])
+    assert set(served["signature_names"]) == {"serving_default", "translate_with_attention", "score_tokens"}
+
+    np.testing.assert_array_equal(served["translation"], expected["translation"].numpy())
+    np.testing.assert_allclose(served["score"], expected["score"].numpy(), atol=1e-5)
+    translations = [text.decode() for text in served["translation"]]
+    assert translations[2] == "" and all(translations[i] for i in (0, 1, 3, 4, 5))
+    assert len(set(translations)) >= 3, "a model that says the same thing to everything proves little"
+    assert list(served["empty_shapes"]) == [0, 0]
+
+    np.testing.assert_array_equal(served["attention_translation"], expected["translation"].numpy())
+    for name in ("source_tokens", "target_tokens"):
+        np.testing.assert_array_equal(served[name], expected_attention[name].numpy())
+    np.testing.assert_allclose(served["cross_attention"], expected_attention["cross_attention"].numpy(), atol=1e-6)
+    model = translator.model
+    batch, layers, heads, target_length, source_length = served["cross_attention"].shape
+    assert (batch, layers, heads) == (len(SENTENCES), model.num_layers, model.num_heads)
+    assert (target_length, source_length) == (served["target_tokens"].shape[1], served["source_tokens"].shape[1])
+    # The over-long sentence was cut to max_length and still ends with [END].
+    long_source = [token for token in served["source_tokens"][4] if token]
+    assert len(long_source) == model.max_length and long_source[-1] == b"[END]"
+
+    expected_logits = model((served["source_ids"], served["target_ids"]), training=False).numpy()
+    np.testing.assert_allclose(served["logits"], expected_logits, atol=1e-5)
+    np.testing.assert_allclose(served["keras_logits"], expected_logits, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_saved_model_cli_shows_string_signatures_and_translates(export_base, in_process):
+    _, expected, _ = in_process
+    version = export_base / "1"
+    shown = run([Path(sys.executable).parent / "saved_model_cli", "show", "--dir", version, "--all"]).stdout
+    for signature in ("serving_default", "translate_with_attention", "score_tokens"):
+        assert f"signature_def['{signature}']" in shown
+    assert "inputs['text'] tensor_info:\n        dtype: DT_STRING" in shown
+    assert "outputs['cross_attention'] tensor_info:\n        dtype: DT_FLOAT" in shown
+
+    translated = run([
+        sys.executable, "-m", "keras_transformer.export.saved_model_cli", "run", "--dir", version,
+        "--tag_set", "serve", "--signature_def", "serving_default", "--input_exprs", 'text=["The dog sees the cat."]',
+    ]).stdout
+    first = expected["translation"].numpy()[0]
+    assert repr(first) in translated or first.decode() in translated, translated
+
+
+@pytest.mark.slow
+def test_the_cli_translates_through_the_export(export_base, in_process, trained_demo_run):
+    _, expected, _ = in_process
+    result = cli("translate", "--saved-model", export_base, SENTENCES[0], SENTENCES[1])
+    assert result.stdout.splitlines() == [text.decode() for text in expected["translation"].numpy()[:2]]
+    from_stdin = cli("translate", "--saved-model", export_base / "1", input=f"{SENTENCES[0]}\n")
+    assert from_stdin.stdout.splitlines() == result.stdout.splitlines()[:1]
+
+    # A second export goes next to the first; an existing version is never overwritten.
+    run_dir, _ = trained_demo_run
+    refused = cli("export", run_dir, export_base, "--version", 1, check=False)
+    assert refused.returncode == 2 and "already exists" in refused.stderr
+
+
+@pytest.mark.slow
+def test_the_grpc_client_builds_requests_and_reads_responses_of_the_export(export_base, in_process):
+    """The client's request, answered by the export the way the model server would answer it."""
+    from tensorflow_serving.apis import predict_pb2
+
+    client = load_example("serving_client")
+    _, _, expected = in_process
+    texts = ["The dog sees the cat.", "A woman sleeps."]
+    request = client.build_predict_request(texts, signature_name="translate_with_attention")
+    assert request.model_spec.name == "translator"
+    assert request.inputs["text"].dtype == tf.string.as_datatype_enum
+
+    signature = tf.saved_model.load(str(export_base / "1")).signatures[request.model_spec.signature_name]
+    outputs = signature(**{name: tf.make_ndarray(proto) for name, proto in request.inputs.items()})
+    response = predict_pb2.PredictResponse()
+    for name, value in outputs.items():
+        response.outputs[name].CopyFrom(tf.make_tensor_proto(value.numpy()))
+    results = client.parse_predict_response(response)
+
+    assert [result["translation"] for result in results] == [t.decode() for t in expected["translation"].numpy()[:2]]
+    first = results[0]
+    assert first["source_tokens"][0] == "[START]" and first["source_tokens"][-1] == "[END]"
+    assert first["cross_attention"].shape[2:] == (len(first["target_tokens"]), len(first["source_tokens"]))
+    # Each row is a distribution (the demo model computes in bfloat16).
+    np.testing.assert_allclose(first["cross_attention"].sum(axis=-1), 1.0, atol=5e-3)
+
+
+def test_the_rest_client_body_and_response():
+    client = load_example("serving_client")
+    body = client.build_rest_body(["Ein Hund.", "Zwei Katzen."])
+    assert body == {"signature_name": "serving_default", "instances": ["Ein Hund.", "Zwei Katzen."]}
+    # The shape TensorFlow Serving answers a row-format request with: one object a sentence.
+    answer = {
+        "predictions": [
+            {"translation": "A dog.", "score": -0.5, "source_tokens": ["[START]", "Ein", "Hund", ".", "[END]", ""],
+             "target_tokens": ["A", "dog", ".", "[END]"], "cross_attention": np.full((1, 2, 4, 6), 0.25).tolist()},
+        ]
+    }
+    (result,) = client.parse_rest_response(json.loads(json.dumps(answer)))
+    assert result["translation"] == "A dog." and result["score"] == -0.5
+    assert result["source_tokens"] == ["[START]", "Ein", "Hund", ".", "[END]"]
+    assert result["cross_attention"].shape == (1, 2, 4, 5)
+    assert client.parse_rest_response({"predictions": []}) == []
+
+
+def test_versions_are_numbered_and_never_overwritten(tmp_path):
+    base = tmp_path / "exports"
+    for name in ("1", "2", "10", ".3-incomplete-x", "notes"):
+        (base / name).mkdir(parents=True)
+    assert resolve_export(str(base)) == str(base / "10")  # numeric order, hidden and other names ignored
+    with pytest.raises(FileExistsError, match="already exists"):
+        export_translator(None, str(base), version=2)
+    for bad in (0, -1, "3", 2.0, True):
+        with pytest.raises(ValueError, match="version must be a positive integer"):
+            export_translator(None, str(base), version=bad)
+    with pytest.raises(FileNotFoundError, match="neither a saved_model.pb nor numbered versions"):
+        resolve_export(str(tmp_path / "empty"))
