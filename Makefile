@@ -7,6 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 DEMO_RUN ?= runs/demo
+DEMO_EXPORT ?= exports/demo
 
 .PHONY: install demo test test-fast clean
 
@@ -19,11 +20,14 @@ $(STAMP): setup.py
 install: $(STAMP)
 
 # The main job: train English->German on the built-in corpus, report BLEU and
-# sample translations, and leave a run directory with TensorBoard logs.
+# sample translations, leave a run directory with TensorBoard logs, and export
+# it as a SavedModel for TensorFlow Serving, translating through the export.
 demo: $(STAMP)
-	rm -rf $(DEMO_RUN)
+	rm -rf $(DEMO_RUN) $(DEMO_EXPORT)
 	$(VENV)/bin/keras-transformer train --dataset demo --out $(DEMO_RUN)
 	$(VENV)/bin/keras-transformer translate $(DEMO_RUN) "The young cat sees a big dog in the park." "Today the children do not sleep."
+	$(VENV)/bin/keras-transformer export $(DEMO_RUN) $(DEMO_EXPORT)
+	$(VENV)/bin/keras-transformer translate --saved-model $(DEMO_EXPORT) "The young cat sees a big dog in the park." "Today the children do not sleep."
 
 # The whole suite, slow end-to-end tests included.
 test: $(STAMP)

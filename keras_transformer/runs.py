@@ -350,8 +350,9 @@ def translate(run_dir, sentences, beam_size=None):
 
 def export(run_dir, export_base, version=None, beam_size=None, length_alpha=None, max_output_length=None):
     """Write the run's translator as `export_base/<version>/` for TensorFlow Serving; returns the path."""
-    from keras_transformer.export import export_translator
+    from keras_transformer.export import export_translator, version_path
 
+    version_path(export_base, version)  # a taken version fails before the model is loaded
     translator = load_translator(
         run_dir, beam_size=beam_size, length_alpha=length_alpha, max_output_length=max_output_length
     )

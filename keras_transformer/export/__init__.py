@@ -6,6 +6,7 @@ from keras_transformer.export.saved_model import (
     export_translator,
     load_export,
     resolve_export,
+    version_path,
 )
 
-__all__ = ["SIGNATURES", "TranslationService", "export_translator", "load_export", "resolve_export"]
+__all__ = ["SIGNATURES", "TranslationService", "export_translator", "load_export", "resolve_export", "version_path"]

@@ -141,13 +141,8 @@ def export_translator(translator, export_base, version=None):
     Returns:
         The path of the new version directory.
     """
-    if version is None:
-        version = (_versions(export_base) or [0])[-1] + 1
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise ValueError(f"version must be a positive integer, got {version!r}")
-    path = os.path.join(export_base, str(version))
-    if os.path.exists(path):
-        raise FileExistsError(f"{path} already exists: pick another version or remove it first")
+    path = version_path(export_base, version)
+    version = int(os.path.basename(path))
     os.makedirs(export_base, exist_ok=True)
     # Serving ignores names that are not numbers: build there, then rename.
     staging = tempfile.mkdtemp(prefix=f".{version}-incomplete-", dir=export_base)
@@ -160,6 +155,18 @@ def export_translator(translator, export_base, version=None):
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    return path
+
+
+def version_path(export_base, version=None):
+    """Where version `version` (default: the next one) of an export goes; an error if it exists."""
+    if version is None:
+        version = (_versions(export_base) or [0])[-1] + 1
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"version must be a positive integer, got {version!r}")
+    path = os.path.join(export_base, str(version))
+    if os.path.exists(path):
+        raise FileExistsError(f"{path} already exists: pick another version or remove it first")
     return path
 
 
