@@ -29,13 +29,18 @@ demo: $(STAMP)
 	$(VENV)/bin/keras-transformer export $(DEMO_RUN) $(DEMO_EXPORT)
 	$(VENV)/bin/keras-transformer translate --saved-model $(DEMO_EXPORT) "The young cat sees a big dog in the park." "Today the children do not sleep."
 
+# Tests run in two processes (much of their time is tracing and start-up, not
+# arithmetic); tests that share the trained demo run stay in one of them.
+PYTEST_WORKERS ?= 2
+PYTEST := $(PYTHON) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
+
 # The whole suite, slow end-to-end tests included.
 test: $(STAMP)
-	$(PYTHON) -m pytest
+	$(PYTEST)
 
 # Everything but the tests marked slow.
 test-fast: $(STAMP)
-	$(PYTHON) -m pytest -m "not slow"
+	$(PYTEST) -m "not slow"
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -19,11 +19,12 @@ setup(
         "tensorboard",
         "numpy",
         "sacrebleu>=2.4",
+        "matplotlib",
     ],
     extras_require={
         # The gRPC client of examples/serving_client.py.
         "serving": ["tensorflow-serving-api~=2.21.0"],
-        "dev": ["pytest>=8", "tensorflow-serving-api~=2.21.0"],
+        "dev": ["pytest>=8", "pytest-xdist", "tensorflow-serving-api~=2.21.0"],
     },
     entry_points={"console_scripts": ["keras-transformer=keras_transformer.cli:main"]},
     classifiers=[

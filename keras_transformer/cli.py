@@ -64,6 +64,8 @@ def _add_train_arguments(parser):
     fit.add_argument("--precision", choices=["float32", "mixed_float16", "mixed_bfloat16"])
     fit.add_argument("--jit-compile", action="store_true", default=None)
     fit.add_argument("--seed", type=int)
+    fit.add_argument("--attention-samples", type=int, help="validation pairs whose attention maps go to TensorBoard (3)")
+    fit.add_argument("--bleu-samples", type=int, help="validation pairs for the per-epoch BLEU in TensorBoard (200)")
     fit.add_argument("--beam-size", type=int, help="beam size used when evaluating this run")
     parser.add_argument("--out", required=True, help="the run directory")
     parser.add_argument("--no-evaluate", action="store_true", help="skip the validation BLEU at the end")
@@ -93,7 +95,7 @@ def _config_from_arguments(arguments):
     for key in (
         "epochs", "max_length", "long_pairs", "tokens_per_batch", "batch_size", "warmup_steps",
         "learning_rate_scale", "label_smoothing", "steps_per_epoch", "early_stopping", "strategy",
-        "cpu_replicas", "precision", "jit_compile", "seed",
+        "cpu_replicas", "precision", "jit_compile", "seed", "attention_samples", "bleu_samples",
     ):
         put("training", key, getattr(arguments, key))
     put("evaluation", "beam_size", arguments.beam_size)

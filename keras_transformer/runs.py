@@ -62,6 +62,10 @@ DEFAULT_CONFIG = {
         "precision": "float32",
         "jit_compile": False,
         "seed": 0,
+        # TensorBoard: attention maps of this many validation pairs, and the
+        # greedy BLEU of this many, after every epoch (0 turns either off).
+        "attention_samples": 3,
+        "bleu_samples": 200,
     },
     "evaluation": {"beam_size": 4, "length_alpha": 0.6, "max_extra_length": 50, "batch_size": 64},
 }
@@ -270,7 +274,8 @@ def train(config, run_dir, verbose=1):
             validation_data=val_batches.dataset,
             epochs=settings["epochs"],
             steps_per_epoch=settings["steps_per_epoch"],
-            callbacks=training.training_callbacks(run_dir, settings["early_stopping"]),
+            callbacks=training.training_callbacks(run_dir, settings["early_stopping"])
+            + _sample_callbacks(run_dir, settings, pairs["val"], source_tokenizer, target_tokenizer),
             verbose=verbose,
         )
     seconds = time.time() - started
@@ -293,6 +298,23 @@ def train(config, run_dir, verbose=1):
     }
     _update_metrics(run_dir, {"training": metrics})
     return metrics
+
+
+def _sample_callbacks(run_dir, settings, val_pairs, source_tokenizer, target_tokenizer):
+    from keras_transformer.callbacks import AttentionMapLogger, attention_samples
+
+    samples = attention_samples(val_pairs, settings["attention_samples"])
+    if not samples:
+        return []
+    return [
+        AttentionMapLogger(
+            samples,
+            os.path.join(run_dir, "logs", "samples"),
+            source_tokenizer,
+            target_tokenizer,
+            bleu_pairs=val_pairs[: settings["bleu_samples"]],
+        )
+    ]
 
 
 def _update_metrics(run_dir, update):

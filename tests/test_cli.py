@@ -21,6 +21,7 @@ def check_run_directory(run):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("demo_run")
 def test_train_evaluate_translate_on_the_demo_corpus(trained_demo_run):
     run, stdout = trained_demo_run
     assert "validation BLEU" in stdout and "translation:" in stdout
@@ -57,8 +58,6 @@ def test_train_on_a_slice_of_multi30k(tmp_path):
     assert "ä" in source_vocab or "ü" in source_vocab  # German on the source side
     scores = json.loads(cli("evaluate", run, "--beam-size", 1).stdout.strip().splitlines()[-1])
     assert 0.0 <= scores["bleu"] <= 100.0
-    translated = cli("translate", run, "Ein Mann fährt Fahrrad.")
-    assert len(translated.stdout.splitlines()) == 1
 
 
 @pytest.mark.slow

@@ -112,22 +112,61 @@ class Translator(tf.Module):
     def __call__(self, texts):
         return self._translate(texts)[1]
 
-    def cross_attention(self, source_ids, tokens):
-        """The cross-attention that produced `tokens` (as the searches return them).
+    def attention_scores(self, source_ids, tokens):
+        """Every attention map of the model while it produced `tokens` (as the searches return them).
 
-        One teacher-forced pass over [START] + tokens: row t of a map is what
-        the decoder attended to when it chose token t. Returns
-        `(batch, layers, heads, tokens, source)` float32, zero on padding rows.
+        One teacher-forced pass over [START] + tokens: row t of a decoder map
+        is what the decoder attended to when it chose token t. Returns a dict
+        from names such as "decoder/layer_0/cross_attention" to float32
+        `(batch, heads, queries, keys)`; rows of padding are zero.
         """
         batch = tf.shape(tokens)[0]
         start = tf.fill([batch, 1], tf.cast(self.target_tokenizer.start_id, tokens.dtype))
         decoder_inputs = tf.concat([start, tokens[:, :-1]], axis=1)
         _, scores = self.model((source_ids, decoder_inputs), training=False, return_attention_scores=True)
-        maps = tf.stack(
-            [scores[f"decoder/layer_{index}/cross_attention"] for index in range(self.model.num_layers)], axis=1
-        )
-        real_rows = tf.cast(tokens != 0, tf.float32)[:, None, None, :, None]
-        return tf.cast(maps, tf.float32) * real_rows
+        real_source = tf.cast(source_ids != 0, tf.float32)[:, None, :, None]
+        real_target = tf.cast(tokens != 0, tf.float32)[:, None, :, None]
+        return {
+            name: tf.cast(value, tf.float32) * (real_source if name.startswith("encoder/") else real_target)
+            for name, value in scores.items()
+        }
+
+    def cross_attention(self, source_ids, tokens):
+        """`(batch, layers, heads, tokens, source)` float32: the cross-attention of every layer."""
+        scores = self.attention_scores(source_ids, tokens)
+        names = [f"decoder/layer_{index}/cross_attention" for index in range(self.model.num_layers)]
+        return tf.stack([scores[name] for name in names], axis=1)
+
+    def attention_maps(self, texts):
+        """Translations with every attention map, as NumPy, for plots and callbacks (eager).
+
+        Returns `{"translation", "source_tokens", "target_tokens", "attention"}`:
+        one entry per text; tokens without padding; `attention[name]` is
+        `(heads, queries, keys)` cropped to the tokens (encoder maps: source by
+        source; decoder self-attention: target by target; cross-attention:
+        target by source).
+        """
+        texts = tf.constant(list(texts), tf.string)
+        outputs = self(texts)
+        source_ids = self.source_ids(texts)
+        scores = {name: value.numpy() for name, value in self.attention_scores(source_ids, outputs["tokens"]).items()}
+        results = []
+        for row, translation in enumerate(outputs["translation"].numpy()):
+            source = [token.decode() for token in self.source_tokenizer.id_to_token(source_ids[row]).numpy()]
+            source = source[: int((source_ids[row] != 0).numpy().sum())]
+            target_ids = outputs["tokens"][row]
+            target = [token.decode() for token in self.target_tokenizer.id_to_token(target_ids).numpy()]
+            target = target[: int((target_ids != 0).numpy().sum())]
+            lengths = {"encoder": (len(source), len(source)), "self_attention": (len(target), len(target)),
+                       "cross_attention": (len(target), len(source))}
+            attention = {}
+            for name, value in scores.items():
+                kind = "encoder" if name.startswith("encoder/") else name.rsplit("/", 1)[-1]
+                queries, keys = lengths[kind]
+                attention[name] = value[row, :, :queries, :keys]
+            results.append({"translation": translation.decode(), "source_tokens": source,
+                            "target_tokens": target, "attention": attention})
+        return results
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def translate_with_attention(self, texts):

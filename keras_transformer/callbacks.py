@@ -1,0 +1,145 @@
+"""TensorBoard callbacks that show what a translation model has learned.
+
+`AttentionMapLogger` writes, at the end of an epoch, for a few fixed
+validation pairs: a heatmap grid per layer (one panel per head) of the
+encoder self-attention, the decoder self-attention and the cross-attention
+of the model's current greedy translation, labelled with the tokens; a text
+summary with the source, the reference and that translation; and the
+validation BLEU on a larger sample as a scalar. Open them with
+`tensorboard --logdir RUN_DIR/logs` (Images, Text and Scalars tabs).
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_transformer.evaluation import translation_scores
+from keras_transformer.inference import Translator
+from keras_transformer.visualization import figure_to_png, plot_attention
+
+KINDS = ("encoder", "decoder_self", "cross")
+
+
+def _kind(name):
+    if name.startswith("encoder/"):
+        return "encoder"
+    return "decoder_self" if name.endswith("self_attention") else "cross"
+
+
+class AttentionMapLogger(keras.callbacks.Callback):
+    """Attention heatmaps, sample translations and BLEU in TensorBoard, every few epochs.
+
+    Args:
+        samples: `(source, reference)` pairs whose attention is drawn (a few:
+            each gives one image per layer and kind).
+        log_dir: where to write (a `samples` folder of the TensorBoard log
+            directory, say).
+        source_tokenizer, target_tokenizer: the run's `WordPieceTokenizer`s.
+        bleu_pairs: `(source, reference)` pairs for the validation BLEU scalar
+            (greedy decoding); none: no BLEU.
+        every_n_epochs: log after every n-th epoch (and after the last).
+        layers, heads: which layers and heads to draw (default all).
+        kinds: which maps: any of "encoder", "decoder_self", "cross".
+
+    Example:
+    >>> logger = AttentionMapLogger(val_pairs[:3], "runs/demo/logs/samples",
+    ...                             source_tokenizer, target_tokenizer, bleu_pairs=val_pairs[:200])
+    >>> model.fit(train, validation_data=val, epochs=10, callbacks=[logger])
+    """
+
+    def __init__(
+        self,
+        samples,
+        log_dir,
+        source_tokenizer,
+        target_tokenizer,
+        bleu_pairs=None,
+        every_n_epochs=1,
+        layers=None,
+        heads=None,
+        kinds=KINDS,
+    ):
+        super().__init__()
+        self.samples = [(str(source), str(reference)) for source, reference in samples]
+        if not self.samples:
+            raise ValueError("AttentionMapLogger needs at least one (source, reference) sample")
+        if every_n_epochs < 1:
+            raise ValueError(f"every_n_epochs must be at least 1, got {every_n_epochs}")
+        unknown = set(kinds) - set(KINDS)
+        if unknown:
+            raise ValueError(f"unknown attention kinds {sorted(unknown)}; choose from {list(KINDS)}")
+        self.log_dir = log_dir
+        self.source_tokenizer = source_tokenizer
+        self.target_tokenizer = target_tokenizer
+        self.bleu_pairs = list(bleu_pairs or [])
+        self.every_n_epochs = every_n_epochs
+        self.layers = None if layers is None else set(layers)
+        self.heads = heads
+        self.kinds = tuple(kinds)
+        self._translator = None
+        self._writer = None
+
+    def _ensure_ready(self):
+        if self._translator is None:
+            # Greedy: it is what the model "thinks" now, and it is cheap.
+            self._translator = Translator(self.model, self.source_tokenizer, self.target_tokenizer, beam_size=1)
+            self._writer = tf.summary.create_file_writer(self.log_dir)
+
+    def on_epoch_end(self, epoch, logs=None):
+        last = self.params.get("epochs") if self.params else None
+        if (epoch + 1) % self.every_n_epochs == 0 or (last is not None and epoch + 1 == last):
+            self.log(step=epoch + 1)
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.flush()
+
+    def log(self, step):
+        """Write the images, texts and BLEU for training step/epoch `step`."""
+        self._ensure_ready()
+        results = self._translator.attention_maps([source for source, _ in self.samples])
+        with self._writer.as_default(step=step):
+            for index, ((source, reference), result) in enumerate(zip(self.samples, results)):
+                self._log_sample(index, source, reference, result)
+            if self.bleu_pairs:
+                sources, references = zip(*self.bleu_pairs)
+                hypotheses = self._translator.translate(sources)
+                scores = translation_scores(hypotheses, references)
+                tf.summary.scalar("val_bleu", scores["bleu"])
+                tf.summary.scalar("val_chrf", scores["chrf"])
+        self._writer.flush()
+
+    def _log_sample(self, index, source, reference, result):
+        tf.summary.text(
+            f"sample_{index}/translation",
+            f"| | |\n|---|---|\n| source | {source} |\n| reference | {reference} |\n"
+            f"| model (greedy) | {result['translation']} |",
+        )
+        labels = {
+            "encoder": (result["source_tokens"], result["source_tokens"]),
+            "decoder_self": (result["target_tokens"], result["target_tokens"]),
+            "cross": (result["target_tokens"], result["source_tokens"]),
+        }
+        for name, attention in result["attention"].items():
+            kind = _kind(name)
+            layer = int(name.split("/")[1].split("_")[1])
+            if kind not in self.kinds or (self.layers is not None and layer not in self.layers):
+                continue
+            queries, keys = labels[kind]
+            figure = plot_attention(
+                attention, queries, keys, heads=self.heads, title=f"sample {index}: {kind} attention, layer {layer}"
+            )
+            image = tf.io.decode_png(figure_to_png(figure), channels=4)
+            tf.summary.image(f"sample_{index}/{kind}/layer_{layer}", image[None], step=None)
+
+
+def attention_samples(pairs, count=3):
+    """`count` validation pairs spread over `pairs` (deterministic)."""
+    pairs = list(pairs)
+    if not pairs:
+        return []
+    positions = np.linspace(0, len(pairs) - 1, num=min(count, len(pairs))).astype(int)
+    return [pairs[position] for position in positions]
+
+
+__all__ = ["AttentionMapLogger", "attention_samples"]

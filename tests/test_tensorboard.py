@@ -1,0 +1,165 @@
+"""Attention maps in TensorBoard: real event files, a real TensorBoard server, a real browser."""
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_transformer as kt
+from keras_transformer.callbacks import AttentionMapLogger
+from keras_transformer.text import WordPieceTokenizer
+from keras_transformer.visualization import figure_to_png, plot_attention
+
+PAIRS = [
+    ("Ein Hund sieht die Katze.", "A dog sees the cat."),
+    ("Die Katze schläft.", "The cat sleeps."),
+    ("Ein Mann sieht einen Hund.", "A man sees a dog."),
+    ("Die Frau schläft im Haus.", "The woman sleeps in the house."),
+] * 8
+LAYERS, HEADS = 2, 2
+
+
+def event_summaries(directory):
+    """`{tag: [(step, tensor proto, plugin)]}` from the event files under `directory`."""
+    summaries = {}
+    for path in Path(directory).rglob("events.out.tfevents.*"):
+        for record in tf.data.TFRecordDataset(str(path)):
+            event = tf.compat.v1.Event.FromString(record.numpy())
+            for value in event.summary.value:
+                plugin = value.metadata.plugin_data.plugin_name
+                summaries.setdefault(value.tag, []).append((event.step, value.tensor, plugin))
+    return summaries
+
+
+@pytest.fixture(scope="module")
+def logged_run(tmp_path_factory):
+    """A tiny translation model fitted for one epoch with the AttentionMapLogger."""
+    keras.utils.set_random_seed(0)
+    source = WordPieceTokenizer.learn([s for s, _ in PAIRS], vocab_size=60)
+    target = WordPieceTokenizer.learn([t for _, t in PAIRS], vocab_size=60)
+    model = kt.models.Transformer(
+        source.vocab_size, target.vocab_size, num_layers=LAYERS, d_model=16, num_heads=HEADS, d_ff=32, max_length=16
+    )
+    source_ids = source.tokenize([s for s, _ in PAIRS]).to_tensor()
+    target_ids = target.tokenize([t for _, t in PAIRS]).to_tensor()
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0))
+    log_dir = tmp_path_factory.mktemp("logs")
+    logger = AttentionMapLogger(PAIRS[:2], str(log_dir / "samples"), source, target, bleu_pairs=PAIRS[:4])
+    model.fit((source_ids, target_ids[:, :-1]), target_ids[:, 1:], epochs=1, batch_size=8, verbose=0, callbacks=[logger])
+    return log_dir, logger
+
+
+def test_the_callback_writes_labelled_heatmaps_texts_and_bleu(logged_run):
+    log_dir, logger = logged_run
+    summaries = event_summaries(log_dir)
+    for sample in (0, 1):
+        for kind in ("encoder", "decoder_self", "cross"):
+            for layer in range(LAYERS):
+                tag = f"sample_{sample}/{kind}/layer_{layer}"
+                assert tag in summaries, sorted(summaries)
+                ((step, tensor, plugin),) = summaries[tag]
+                assert step == 1 and plugin == "images"
+                # Image summaries hold width, height and the encoded PNG.
+                width, height, png = tf.make_ndarray(tensor)
+                image = tf.io.decode_png(png).numpy()
+                assert image.shape[:2] == (int(height), int(width)) and image.shape[0] > 100
+                assert image.std() > 0, "a blank image"
+        ((_, text, plugin),) = summaries[f"sample_{sample}/translation"]
+        assert plugin == "text" and PAIRS[sample][0].encode() in tf.make_ndarray(text).item()
+    ((_, bleu, _),) = summaries["val_bleu"]
+    assert 0.0 <= float(tf.make_ndarray(bleu)) <= 100.0
+
+
+def test_plot_attention_labels_the_axes_with_the_tokens():
+    weights = np.random.default_rng(0).dirichlet(np.ones(4), size=(3, 2))  # 3 heads, 2 queries, 4 keys
+    figure = plot_attention(weights, [b"Der", b"Hund", b""], ["[START]", "A", "dog", "[END]"], heads=[0, 2])
+    panels = [axis for axis in figure.axes if axis.get_title().startswith("head")]
+    assert [axis.get_title() for axis in panels] == ["head 0", "head 2"]
+    assert [label.get_text() for label in panels[0].get_xticklabels()] == ["[START]", "A", "dog", "[END]"]
+    assert [label.get_text() for label in panels[0].get_yticklabels()] == ["Der", "Hund"]
+    assert figure_to_png(figure)[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="do not fit attention"):
+        plot_attention(weights, ["a", "b", "c"], ["x"])
+
+
+def test_bad_logger_settings_are_refused():
+    with pytest.raises(ValueError, match="at least one"):
+        AttentionMapLogger([], "logs", None, None)
+    with pytest.raises(ValueError, match="unknown attention kinds"):
+        AttentionMapLogger(PAIRS[:1], "logs", None, None, kinds=["decoder"])
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def find_chromium():
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+@pytest.mark.slow
+def test_tensorboard_serves_the_maps_and_a_browser_renders_them(logged_run, tmp_path):
+    log_dir, _ = logged_run
+    chromium = find_chromium()
+    assert chromium, "headless Chromium is needed (.ci/run installs Debian's chromium)"
+    port = free_port()
+    tensorboard = Path(sys.executable).parent / "tensorboard"
+    server = subprocess.Popen(
+        [str(tensorboard), "--logdir", str(log_dir), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 120
+        tags = None
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"{url}/data/plugin/images/tags", timeout=5) as answer:
+                    tags = json.load(answer)
+                if tags:
+                    break
+            except OSError:
+                pass
+            time.sleep(1)
+        assert tags, "TensorBoard did not answer with image tags"
+        image_tags = {tag for run_tags in tags.values() for tag in run_tags}
+        assert "sample_0/cross/layer_0" in image_tags and f"sample_1/encoder/layer_{LAYERS - 1}" in image_tags
+
+        screenshot = tmp_path / "images.png"
+        subprocess.run(
+            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--virtual-time-budget=20000", "--window-size=1280,1000", f"--screenshot={screenshot}",
+             f"{url}/?darkMode=false#images"],
+            capture_output=True, timeout=180, check=False,
+        )
+        assert screenshot.exists(), "Chromium wrote no screenshot"
+        pixels = tf.io.decode_png(screenshot.read_bytes()).numpy()
+        assert pixels.shape[0] >= 900 and pixels.shape[1] >= 1200
+        # The heatmaps are drawn in viridis: a page that failed to show them has next to no such pixels.
+        from matplotlib import colormaps
+
+        viridis = (colormaps["viridis"](np.linspace(0, 1, 64))[:, :3] * 255).astype(np.int32)
+        rgb = pixels[::2, ::2, :3].reshape(-1, 1, 3).astype(np.int32)
+        heatmap_pixels = (np.abs(rgb - viridis[None]).sum(axis=-1).min(axis=1) < 12).sum()
+        assert heatmap_pixels > 5000, heatmap_pixels
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    assert server.poll() is not None, "TensorBoard is still running"
