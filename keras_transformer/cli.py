@@ -1,4 +1,4 @@
-"""The `keras-transformer` command: train | evaluate | translate | export.
+"""The `keras-transformer` command: train | evaluate | translate | export | plot-attention.
 
     keras-transformer train --dataset demo --out runs/demo
     keras-transformer evaluate runs/demo --split val --beam-size 4
@@ -6,6 +6,7 @@
     echo "The dog sees the cat." | keras-transformer translate runs/demo
     keras-transformer export runs/demo exports/translator          # -> exports/translator/1
     keras-transformer translate --saved-model exports/translator "The dog sees the cat."
+    keras-transformer plot-attention runs/demo "The dog sees the cat." --out attention.png
 """
 
 import argparse
@@ -176,6 +177,17 @@ def _export(arguments):
     print(f"try it:     keras-transformer translate --saved-model {path} \"...\"")
 
 
+def _plot_attention(arguments):
+    from keras_transformer import runs
+
+    translation = runs.plot_attention(
+        arguments.run_dir, arguments.sentence, arguments.out, kind=arguments.kind, layer=arguments.layer,
+        beam_size=arguments.beam_size, heads=arguments.heads,
+    )
+    print(translation)
+    print(f"attention map: {arguments.out}")
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="keras-transformer", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -209,6 +221,16 @@ def build_parser():
         "--max-output-length", type=int, metavar="L", help="cap on output tokens (default: the model's max_length)"
     )
     export.set_defaults(handler=_export)
+
+    plot = commands.add_parser("plot-attention", help="translate a sentence and save its attention heatmaps (PNG)")
+    plot.add_argument("run_dir")
+    plot.add_argument("sentence")
+    plot.add_argument("--out", required=True, help="the PNG to write")
+    plot.add_argument("--kind", choices=["cross", "decoder_self", "encoder"], default="cross")
+    plot.add_argument("--layer", type=int, help="default: the last")
+    plot.add_argument("--heads", type=int, nargs="+", help="default: all")
+    plot.add_argument("--beam-size", type=int, help="default: the run's evaluation setting")
+    plot.set_defaults(handler=_plot_attention)
     return parser
 
 

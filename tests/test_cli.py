@@ -41,6 +41,11 @@ def test_train_evaluate_translate_on_the_demo_corpus(trained_demo_run):
     from_stdin = cli("translate", run, input="The dog sees the cat.\nA woman sleeps.\n")
     assert from_stdin.stdout == translated.stdout
 
+    picture = run.parent / "attention.png"
+    plotted = cli("plot-attention", run, "The dog sees the cat.", "--out", picture, "--layer", 0)
+    assert plotted.stdout.splitlines()[0] == translated.stdout.splitlines()[0]
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (data.multi30k_directory() / "train.de").exists(), reason="../shared/data/multi30k is not present")
@@ -108,5 +113,5 @@ def test_bad_input_gives_a_clear_error_and_exit_code(tmp_path):
 
 def test_help_lists_the_commands():
     result = cli("--help")
-    for command in ("train", "evaluate", "translate"):
+    for command in ("train", "evaluate", "translate", "export", "plot-attention"):
         assert command in result.stdout

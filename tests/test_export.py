@@ -88,7 +88,9 @@ def load_example(name):
     return module
 
 
-@pytest.fixture(scope="module")
+# Session scope: under xdist a module's fixtures are rebuilt whenever the
+# process comes back to the module; these are too costly for that.
+@pytest.fixture(scope="session")
 def export_base(trained_demo_run, tmp_path_factory):
     run_dir, _ = trained_demo_run
     base = tmp_path_factory.mktemp("exports") / "translator"
@@ -97,7 +99,7 @@ def export_base(trained_demo_run, tmp_path_factory):
     return base
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def in_process(trained_demo_run):
     """What the translator in this process gives (same settings as the export)."""
     run_dir, _ = trained_demo_run
