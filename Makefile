@@ -30,9 +30,9 @@ demo: $(STAMP)
 	$(VENV)/bin/keras-transformer translate --saved-model $(DEMO_EXPORT) "The young cat sees a big dog in the park." "Today the children do not sleep."
 
 # Tests run in two processes (much of their time is tracing and start-up, not
-# arithmetic); tests that share the trained demo run stay in one of them.
+# arithmetic), a file at a time, so that module fixtures are built once.
 PYTEST_WORKERS ?= 2
-PYTEST := $(PYTHON) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
+PYTEST := $(PYTHON) -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 # The whole suite, slow end-to-end tests included.
 test: $(STAMP)

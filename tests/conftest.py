@@ -18,18 +18,6 @@ tf.config.set_logical_device_configuration(
 )
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items):
-    """Under `make test` (pytest-xdist, --dist loadgroup) a file's tests stay in one process.
-
-    Their module fixtures (a trained model, a logged run) are then built once;
-    an explicit `xdist_group` mark (tests sharing the trained demo run) wins.
-    """
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-
-
 @pytest.fixture(autouse=True)
 def _seed_and_policy():
     """Every test starts from the same seed and the float32 policy."""

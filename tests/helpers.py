@@ -20,3 +20,11 @@ def run(command, input=None, check=True, timeout=600):
     if check and result.returncode != 0:
         raise AssertionError(f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return result
+
+
+def check_run_directory(run):
+    for name in ("config.json", "model.keras", "metrics.json", "history.csv"):
+        assert (run / name).is_file(), name
+    assert (run / "vocab" / "source" / "vocab.txt").is_file() and (run / "vocab" / "target" / "vocab.txt").is_file()
+    assert list((run / "logs").rglob("events.out.tfevents.*")), "TensorBoard event files"
+    assert (run / "checkpoints" / "best.weights.h5").is_file()

@@ -8,43 +8,8 @@ import time
 
 import pytest
 
-from helpers import CLI, ENV, TINY_MODEL, cli
+from helpers import CLI, ENV, TINY_MODEL, check_run_directory, cli
 from keras_transformer import data
-
-
-def check_run_directory(run):
-    for name in ("config.json", "model.keras", "metrics.json", "history.csv"):
-        assert (run / name).is_file(), name
-    assert (run / "vocab" / "source" / "vocab.txt").is_file() and (run / "vocab" / "target" / "vocab.txt").is_file()
-    assert list((run / "logs").rglob("events.out.tfevents.*")), "TensorBoard event files"
-    assert (run / "checkpoints" / "best.weights.h5").is_file()
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("demo_run")
-def test_train_evaluate_translate_on_the_demo_corpus(trained_demo_run):
-    run, stdout = trained_demo_run
-    assert "validation BLEU" in stdout and "translation:" in stdout
-    assert f"run directory: {run}" in stdout and "tensorboard --logdir" in stdout
-    check_run_directory(run)
-    metrics = json.loads((run / "metrics.json").read_text())
-    assert metrics["training"]["replicas"] == 2
-    assert metrics["val"]["sentences"] == 40 and "bleu" in metrics["val"]
-
-    evaluated = cli("evaluate", run, "--split", "val", "--beam-size", 2)
-    scores = json.loads(evaluated.stdout.strip().splitlines()[-1])
-    assert set(scores) == {"bleu", "bleu_lowercase", "chrf"}
-    assert len((run / "hypotheses.val.txt").read_text(encoding="utf-8").splitlines()) == 40
-
-    translated = cli("translate", run, "The dog sees the cat.", "A woman sleeps.")
-    assert len(translated.stdout.splitlines()) == 2
-    from_stdin = cli("translate", run, input="The dog sees the cat.\nA woman sleeps.\n")
-    assert from_stdin.stdout == translated.stdout
-
-    picture = run.parent / "attention.png"
-    plotted = cli("plot-attention", run, "The dog sees the cat.", "--out", picture, "--layer", 0)
-    assert plotted.stdout.splitlines()[0] == translated.stdout.splitlines()[0]
-    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow

@@ -1,4 +1,9 @@
-"""The SavedModel export, proved the way TensorFlow Serving would use it.
+"""The trained demo run as a user meets it: the CLI on it, then its export served.
+
+The CLI test and the export tests share one trained run (`trained_demo_run`),
+so they live in one file: `make test` runs a file's tests in one process.
+
+The SavedModel export is proved the way TensorFlow Serving would use it.
 
 The export is made by `keras-transformer export` and loaded in a fresh
 Python process that imports only `tensorflow` and `tensorflow_text`: what it
@@ -16,12 +21,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import cli, run
+from helpers import check_run_directory, cli, run
 from keras_transformer import runs
 from keras_transformer.export import export_translator, resolve_export
-
-# Sharing the trained demo run: run in the same test process as the CLI tests.
-pytestmark = pytest.mark.xdist_group("demo_run")
 
 BEAM_SIZE = 2
 SENTENCES = [
@@ -78,6 +80,34 @@ np.savez(
     modules=np.array(sorted(name for name in sys.modules if name.split(".")[0] == "keras_transformer")),
 )
 """
+
+
+@pytest.mark.slow
+def test_train_evaluate_translate_on_the_demo_corpus(trained_demo_run):
+    run_dir, stdout = trained_demo_run
+    assert "validation BLEU" in stdout and "translation:" in stdout
+    assert f"run directory: {run_dir}" in stdout and "tensorboard --logdir" in stdout
+    check_run_directory(run_dir)
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["training"]["replicas"] == 2
+    assert metrics["val"]["sentences"] == 40 and "bleu" in metrics["val"]
+    # `train` adds the AttentionMapLogger: attention maps of validation samples in TensorBoard.
+    assert list((run_dir / "logs" / "samples").glob("events.out.tfevents.*"))
+
+    evaluated = cli("evaluate", run_dir, "--split", "val", "--beam-size", 2)
+    scores = json.loads(evaluated.stdout.strip().splitlines()[-1])
+    assert set(scores) == {"bleu", "bleu_lowercase", "chrf"}
+    assert len((run_dir / "hypotheses.val.txt").read_text(encoding="utf-8").splitlines()) == 40
+
+    translated = cli("translate", run_dir, "The dog sees the cat.", "A woman sleeps.")
+    assert len(translated.stdout.splitlines()) == 2
+    from_stdin = cli("translate", run_dir, input="The dog sees the cat.\nA woman sleeps.\n")
+    assert from_stdin.stdout == translated.stdout
+
+    picture = run_dir.parent / "attention.png"
+    plotted = cli("plot-attention", run_dir, "The dog sees the cat.", "--out", picture, "--layer", 0)
+    assert plotted.stdout.splitlines()[0] == translated.stdout.splitlines()[0]
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def load_example(name):
