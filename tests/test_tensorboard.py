@@ -86,6 +86,7 @@ def test_plot_attention_labels_the_axes_with_the_tokens():
     assert [axis.get_title() for axis in panels] == ["head 0", "head 2"]
     assert [label.get_text() for label in panels[0].get_xticklabels()] == ["[START]", "A", "dog", "[END]"]
     assert [label.get_text() for label in panels[0].get_yticklabels()] == ["Der", "Hund"]
+    assert [label.get_text() for label in panels[1].get_yticklabels()] == ["", ""]  # shared with the row
     assert figure_to_png(figure)[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="do not fit attention"):
         plot_attention(weights, ["a", "b", "c"], ["x"])

@@ -69,7 +69,9 @@ def plot_attention(attention, query_tokens, key_tokens, heads=None, title=None, 
     rows = -(-len(heads) // columns)
     # Long sentences need room for their labels.
     scale = max(1.0, max(len(queries), len(keys)) / 12)
-    figure = Figure(figsize=(panel_size * scale * columns + 1.0, panel_size * scale * rows + 0.6), dpi=100)
+    figure = Figure(
+        figsize=(panel_size * scale * columns + 1.5, panel_size * scale * rows + 1.2), dpi=100, layout="constrained"
+    )
     axes = figure.subplots(rows, columns, squeeze=False)
     vmax = float(weights.max()) if weights.size else 1.0
     image = None
@@ -80,10 +82,11 @@ def plot_attention(attention, query_tokens, key_tokens, heads=None, title=None, 
         image = axis.imshow(weights[panel], cmap="viridis", vmin=0.0, vmax=vmax or 1.0, aspect="auto")
         axis.set_title(f"head {heads[panel]}", fontsize=9)
         axis.set_xticks(range(len(keys)), keys, rotation=90, fontsize=7)
-        axis.set_yticks(range(len(queries)), queries, fontsize=7)
+        # Every panel of a row shares the query labels: print them once, on the left.
+        axis.set_yticks(range(len(queries)), queries if panel % columns == 0 else [], fontsize=7)
     if title:
         figure.suptitle(title, fontsize=10)
-    figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="attention weight")
+    figure.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
     return figure
 
 
