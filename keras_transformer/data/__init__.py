@@ -12,15 +12,29 @@ from keras_transformer.data.corpora import (
     read_tsv,
 )
 from keras_transformer.data.demo import demo_corpus
+from keras_transformer.data.sentiment import (
+    dataset_directory,
+    hold_out,
+    load_imdb,
+    load_labelled_csv,
+    load_sst2,
+    read_labelled,
+)
 from keras_transformer.data.pipeline import TranslationBatches, make_translation_batches
 
 __all__ = [
     "CorpusError",
     "TranslationBatches",
+    "dataset_directory",
     "demo_corpus",
+    "hold_out",
+    "load_imdb",
+    "load_labelled_csv",
+    "load_sst2",
     "load_multi30k",
     "make_translation_batches",
     "multi30k_directory",
+    "read_labelled",
     "read_lines",
     "read_parallel_files",
     "read_tsv",

@@ -1,0 +1,63 @@
+"""Labelled corpora for the classifier: SST-2, IMDB, CSV; errors that name file and line."""
+
+import gzip
+import re
+
+import pytest
+
+from keras_transformer import data
+
+SST2 = data.dataset_directory("sst2")
+IMDB = data.dataset_directory("imdb")
+
+
+@pytest.mark.skipif(not (SST2 / "train.tsv").exists(), reason="../shared/data/sst2 is not present")
+def test_sst2_has_its_published_sizes_and_both_labels():
+    corpus = data.load_sst2()
+    assert len(corpus["train"]) == 67349 and len(corpus["val"]) == 872
+    assert {label for _, label in corpus["val"]} == {0, 1}
+    # GLUE's TSV keeps quotes literally: a sentence with a quote is read whole.
+    assert all(text and "\t" not in text for text, _ in corpus["train"][:2000])
+
+
+@pytest.mark.skipif(not (IMDB / "train.csv.gz").exists(), reason="../shared/data/imdb is not present")
+def test_imdb_holds_back_a_balanced_validation_part_without_html():
+    corpus = data.load_imdb(val_fraction=0.1)
+    assert len(corpus["train"]) == 22500 and len(corpus["val"]) == 2500
+    assert sum(label for _, label in corpus["val"]) == 1250
+    assert all("<br" not in text for text, _ in corpus["val"])
+    assert data.load_imdb(val_fraction=0.1)["val"][:5] == corpus["val"][:5]  # deterministic
+
+
+def test_a_csv_of_text_and_label(tmp_path):
+    path = tmp_path / "reviews.csv.gz"
+    rows = "text,label\n" + "".join(f'"Great, film {i}!",1\nBad film {i}<br />really,0\n' for i in range(10))
+    path.write_bytes(gzip.compress(rows.encode()))
+    corpus = data.load_labelled_csv(path, val_fraction=0.2)
+    assert len(corpus["train"]) == 16 and len(corpus["val"]) == 4
+    assert sorted(label for _, label in corpus["val"]) == [0, 0, 1, 1]
+    texts = {text for text, _ in corpus["train"] + corpus["val"]}
+    assert "Great, film 0!" in texts and "Bad film 0 really" in texts
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("words,label\nfine,1\n", "no column(s) ['text']"),
+        ("text,label\nfine,positive\n", "line 2: label 'positive' is not an integer"),
+        ("text,label\nfine,1\n,0\n", "line 3: empty text"),
+        ("text,label\n", "no examples"),
+    ],
+)
+def test_bad_csv_is_refused_with_file_and_line(tmp_path, content, message):
+    path = tmp_path / "bad.csv"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(data.CorpusError, match=re.escape(message)):
+        data.read_labelled(path)
+
+
+def test_missing_file_and_bad_fraction(tmp_path):
+    with pytest.raises(FileNotFoundError, match="corpus file not found"):
+        data.load_labelled_csv(tmp_path / "nowhere.csv")
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        data.hold_out([("a", 0)], 1.5)
