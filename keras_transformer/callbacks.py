@@ -1,4 +1,4 @@
-"""TensorBoard callbacks that show what a translation model has learned.
+"""TensorBoard callbacks that show what a model has learned.
 
 `AttentionMapLogger` writes, at the end of an epoch, for a few fixed
 validation pairs: a heatmap grid per layer (one panel per head) of the
@@ -7,7 +7,15 @@ of the model's current greedy translation, labelled with the tokens; a text
 summary with the source, the reference and that translation; and the
 validation BLEU on a larger sample as a scalar. Open them with
 `tensorboard --logdir RUN_DIR/logs` (Images, Text and Scalars tabs).
+
+`EmbeddingProjectorLogger` watches a classifier: each epoch it writes the
+pooled ([CLS]) sentence embeddings of a fixed validation sample for
+TensorBoard's Projector tab (with a metadata table of label and text) and a
+2-D projection (PCA; t-SNE as well when scikit-learn is installed) as an
+image, so the classes can be seen separating epoch by epoch.
 """
+
+import os
 
 import keras
 import numpy as np
@@ -142,4 +150,118 @@ def attention_samples(pairs, count=3):
     return [pairs[position] for position in positions]
 
 
-__all__ = ["AttentionMapLogger", "attention_samples"]
+def pca_2d(embeddings):
+    """The embeddings projected on their two principal axes: `(n, 2)`."""
+    centred = embeddings - embeddings.mean(axis=0, keepdims=True)
+    # The right singular vectors are the principal axes.
+    _, _, axes = np.linalg.svd(centred, full_matrices=False)
+    return centred @ axes[:2].T
+
+
+def _scatter_png(points, labels, title):
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(5, 4.5), dpi=100, layout="constrained")
+    axis = figure.subplots()
+    for label in sorted(set(labels.tolist())):
+        chosen = labels == label
+        axis.scatter(points[chosen, 0], points[chosen, 1], s=8, alpha=0.7, label=f"label {label}")
+    axis.set_title(title, fontsize=10)
+    axis.legend(fontsize=8)
+    return figure_to_png(figure)
+
+
+class EmbeddingProjectorLogger(keras.callbacks.Callback):
+    """Sentence embeddings of a fixed sample, for the Projector tab and as a 2-D picture, every epoch.
+
+    Args:
+        token_ids: `(n, length)` ids of the sample (as the model is fed).
+        labels: `(n,)` integer labels, to colour the points.
+        texts: the `n` sentences, for the projector's metadata.
+        log_dir: where to write (`RUN_DIR/logs/embeddings`, say).
+        embed: a function from ids to `(n, d)` embeddings; default the
+            model's `embed` (`TransformerClassifier`: the pooled [CLS] state).
+        every_n_epochs: log after every n-th epoch (and after the last).
+        tsne: also draw a t-SNE projection ("auto": when scikit-learn is installed).
+
+    The projector reads the newest `embeddings.ckpt` in `log_dir`; the images
+    (`embeddings/pca`, `embeddings/tsne`) keep one step per epoch.
+    """
+
+    def __init__(self, token_ids, labels, texts, log_dir, embed=None, every_n_epochs=1, tsne="auto"):
+        super().__init__()
+        self.token_ids = np.asarray(token_ids)
+        self.labels = np.asarray(labels).astype(int)
+        self.texts = [str(text) for text in texts]
+        if not (len(self.token_ids) == len(self.labels) == len(self.texts)) or len(self.texts) < 3:
+            raise ValueError(
+                f"token_ids, labels and texts must describe the same sample of at least 3 sentences; "
+                f"got {len(self.token_ids)}, {len(self.labels)} and {len(self.texts)}"
+            )
+        if every_n_epochs < 1:
+            raise ValueError(f"every_n_epochs must be at least 1, got {every_n_epochs}")
+        self.log_dir = log_dir
+        self.embed = embed
+        self.every_n_epochs = every_n_epochs
+        self.tsne = tsne
+        self._writer = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        last = self.params.get("epochs") if self.params else None
+        if (epoch + 1) % self.every_n_epochs == 0 or (last is not None and epoch + 1 == last):
+            self.log(step=epoch + 1)
+
+    def _embeddings(self):
+        embed = self.embed or self.model.embed
+        batches = [
+            keras.ops.convert_to_numpy(embed(self.token_ids[start : start + 256], training=False))
+            for start in range(0, len(self.token_ids), 256)
+        ]
+        return np.concatenate(batches).astype(np.float32)
+
+    def log(self, step):
+        from tensorboard.plugins import projector
+
+        os.makedirs(self.log_dir, exist_ok=True)
+        embeddings = self._embeddings()
+        # The projector's metadata: a header, then one row per point.
+        with open(os.path.join(self.log_dir, "metadata.tsv"), "w", encoding="utf-8") as file:
+            file.write("label\ttext\n")
+            for label, text in zip(self.labels, self.texts):
+                file.write(f"{label}\t{' '.join(text.split())[:200]}\n")
+        variable = tf.Variable(embeddings, name="sentence_embeddings")
+        checkpoint = tf.train.Checkpoint(sentence_embeddings=variable)
+        checkpoint.write(os.path.join(self.log_dir, "embeddings.ckpt"))
+        config = projector.ProjectorConfig()
+        entry = config.embeddings.add()
+        entry.tensor_name = "sentence_embeddings/.ATTRIBUTES/VARIABLE_VALUE"
+        entry.metadata_path = "metadata.tsv"
+        projector.visualize_embeddings(self.log_dir, config)
+
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.log_dir)
+        images = {"pca": (pca_2d(embeddings), "PCA")}
+        if self.tsne is True or (self.tsne == "auto" and _has_sklearn()):
+            from sklearn.manifold import TSNE
+
+            perplexity = min(30.0, (len(embeddings) - 1) / 3)
+            images["tsne"] = (TSNE(perplexity=perplexity, random_state=0).fit_transform(embeddings), "t-SNE")
+        with self._writer.as_default(step=step):
+            for name, (points, method) in images.items():
+                png = _scatter_png(points, self.labels, f"{method} of sentence embeddings, epoch {step}")
+                tf.summary.image(f"embeddings/{name}", tf.io.decode_png(png, channels=4)[None])
+        self._writer.flush()
+
+
+def _has_sklearn():
+    try:
+        import sklearn  # noqa: F401  (only whether it is there)
+    except ImportError:
+        return False
+    return True
+
+
+__all__ = ["AttentionMapLogger", "EmbeddingProjectorLogger", "attention_samples", "pca_2d"]

@@ -164,3 +164,40 @@ def test_tensorboard_serves_the_maps_and_a_browser_renders_them(logged_run, tmp_
         except subprocess.TimeoutExpired:
             server.kill()
     assert server.poll() is not None, "TensorBoard is still running"
+
+
+def test_the_projector_logger_writes_embeddings_metadata_and_a_projection(tmp_path):
+    from tensorboard.plugins import projector
+    from google.protobuf import text_format
+
+    from keras_transformer.callbacks import EmbeddingProjectorLogger, pca_2d
+
+    rng = np.random.default_rng(0)
+    # [CLS] = 1, then tokens 2..9; label 1 when token 9 appears.
+    ids = np.concatenate([np.ones((64, 1), "int32"), rng.integers(2, 10, (64, 7)).astype("int32")], axis=1)
+    labels = (ids == 9).any(axis=1).astype("int32")
+    texts = [" ".join(map(str, row)) for row in ids]
+    model = kt.models.TransformerClassifier(
+        vocab_size=10, num_classes=2, num_layers=1, d_model=16, num_heads=2, d_ff=32, max_length=8
+    )
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    log_dir = tmp_path / "embeddings"
+    logger = EmbeddingProjectorLogger(ids[:20], labels[:20], texts[:20], str(log_dir), tsne=False)
+    model.fit(ids, labels, epochs=2, batch_size=16, verbose=0, callbacks=[logger])
+
+    config = text_format.Parse((log_dir / "projector_config.pbtxt").read_text(), projector.ProjectorConfig())
+    (entry,) = config.embeddings
+    assert entry.metadata_path == "metadata.tsv"
+    stored = tf.train.load_variable(str(log_dir / "embeddings.ckpt"), entry.tensor_name)
+    np.testing.assert_allclose(stored, keras.ops.convert_to_numpy(model.embed(ids[:20])), atol=1e-5)
+    rows = (log_dir / "metadata.tsv").read_text(encoding="utf-8").splitlines()
+    assert rows[0] == "label\ttext" and len(rows) == 21 and rows[1] == f"{labels[0]}\t{texts[0]}"
+    steps = sorted(step for step, _, _ in event_summaries(log_dir)["embeddings/pca"])
+    assert steps == [1, 2]
+
+    # PCA puts the direction of largest spread first.
+    points = rng.normal(size=(200, 3)) * np.array([10.0, 1.0, 0.1])
+    projected = pca_2d(points)
+    assert projected.shape == (200, 2) and projected[:, 0].std() > 5 * projected[:, 1].std()
+    with pytest.raises(ValueError, match="the same sample"):
+        EmbeddingProjectorLogger(ids[:5], labels[:4], texts[:5], str(log_dir))
