@@ -1,4 +1,4 @@
-"""The `keras-transformer` command: train | evaluate | translate | export | plot-attention.
+"""The `keras-transformer` command: train | evaluate | translate | export | plot-attention | train-classifier.
 
     keras-transformer train --dataset demo --out runs/demo
     keras-transformer evaluate runs/demo --split val --beam-size 4
@@ -7,6 +7,7 @@
     keras-transformer export runs/demo exports/translator          # -> exports/translator/1
     keras-transformer translate --saved-model exports/translator "The dog sees the cat."
     keras-transformer plot-attention runs/demo "The dog sees the cat." --out attention.png
+    keras-transformer train-classifier --dataset sst2 --out runs/sst2
 """
 
 import argparse
@@ -188,6 +189,39 @@ def _plot_attention(arguments):
     print(f"attention map: {arguments.out}")
 
 
+def _train_classifier(arguments):
+    if arguments.cpu_replicas:
+        from keras_transformer.training import split_cpu
+
+        split_cpu(arguments.cpu_replicas)
+    from keras_transformer import classifier_runs
+
+    dataset, _, path = arguments.dataset.partition(":")
+    if dataset not in ("sst2", "imdb", "csv") or (dataset == "csv") != bool(path):
+        raise ValueError(f"--dataset must be sst2, imdb or csv:PATH, got {arguments.dataset!r}")
+    config = {"data": {"dataset": dataset, "csv": path or None}}
+
+    def put(section, key, value):
+        if value is not None:
+            config.setdefault(section, {})[key] = value
+
+    for key in ("data_dir", "val_csv", "limit_train", "limit_val"):
+        put("data", key, getattr(arguments, key))
+    put("tokenizer", "vocab_size", arguments.vocab_size)
+    for key in ("num_layers", "d_model", "num_heads", "d_ff", "dropout", "pooling"):
+        put("model", key, getattr(arguments, key))
+    for key in ("epochs", "max_length", "batch_size", "warmup_steps", "steps_per_epoch", "early_stopping",
+                "strategy", "cpu_replicas", "precision", "projector_samples"):
+        put("training", key, getattr(arguments, key))
+    metrics = classifier_runs.train_classifier(config, arguments.out)
+    print(
+        f"\nvalidation accuracy {metrics['val']['accuracy']:.4f} on {metrics['val']['examples']} examples; "
+        f"{metrics['training']['seconds_per_epoch']:.0f}s/epoch"
+    )
+    print(f"run directory: {arguments.out}")
+    print(f"TensorBoard:   tensorboard --logdir {arguments.out}/logs   (Projector: the [CLS] embeddings)")
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="keras-transformer", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -231,6 +265,25 @@ def build_parser():
     plot.add_argument("--heads", type=int, nargs="+", help="default: all")
     plot.add_argument("--beam-size", type=int, help="default: the run's evaluation setting")
     plot.set_defaults(handler=_plot_attention)
+
+    classify = commands.add_parser("train-classifier", help="train an encoder-only sentiment classifier")
+    classify.add_argument("--dataset", default="sst2", help="sst2, imdb or csv:PATH (columns text,label)")
+    classify.add_argument("--data-dir", help="default $KERAS_TRANSFORMER_DATA/<name> or ../shared/data/<name>")
+    classify.add_argument("--val-csv", help="csv: validation file (default: 10%% held back)")
+    classify.add_argument("--limit-train", type=int)
+    classify.add_argument("--limit-val", type=int)
+    classify.add_argument("--vocab-size", type=int)
+    for name, kind in {**MODEL_OVERRIDES, "pooling": str}.items():
+        if name != "position":
+            classify.add_argument(f"--{name.replace('_', '-')}", type=kind)
+    for name, kind in {"epochs": int, "max_length": int, "batch_size": int, "warmup_steps": int,
+                       "steps_per_epoch": int, "early_stopping": int, "cpu_replicas": int,
+                       "projector_samples": int}.items():
+        classify.add_argument(f"--{name.replace('_', '-')}", type=kind)
+    classify.add_argument("--strategy", choices=["auto", "mirrored", "none"])
+    classify.add_argument("--precision", choices=["float32", "mixed_float16", "mixed_bfloat16"])
+    classify.add_argument("--out", required=True, help="the run directory")
+    classify.set_defaults(handler=_train_classifier)
     return parser
 
 

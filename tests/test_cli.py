@@ -78,5 +78,5 @@ def test_bad_input_gives_a_clear_error_and_exit_code(tmp_path):
 
 def test_help_lists_the_commands():
     result = cli("--help")
-    for command in ("train", "evaluate", "translate", "export", "plot-attention"):
+    for command in ("train", "evaluate", "translate", "export", "plot-attention", "train-classifier"):
         assert command in result.stdout

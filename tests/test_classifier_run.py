@@ -1,0 +1,60 @@
+"""A sentiment run end to end: CSV in, [CLS] tokenizer, fit, accuracy, projector logs."""
+
+import csv
+import json
+import random
+
+import pytest
+
+from keras_transformer import classifier_runs
+
+POSITIVE = ["great", "wonderful", "moving", "funny", "superb"]
+NEGATIVE = ["awful", "boring", "dull", "clumsy", "terrible"]
+FILLER = ["the", "film", "plot", "actors", "was", "really", "quite", "and", "story", "music"]
+
+
+def write_reviews(path, count, seed):
+    rng = random.Random(seed)
+    with open(path, "w", newline="", encoding="utf-8") as file:
+        writer = csv.writer(file)
+        writer.writerow(["text", "label"])
+        for _ in range(count):
+            label = rng.randint(0, 1)
+            words = rng.choices(FILLER, k=6) + [rng.choice(POSITIVE if label else NEGATIVE)]
+            rng.shuffle(words)
+            writer.writerow([" ".join(words).capitalize() + ".", label])
+
+
+@pytest.mark.slow
+def test_a_classifier_learns_sentiment_words_and_logs_its_embeddings(tmp_path):
+    write_reviews(tmp_path / "train.csv", 1200, seed=0)
+    write_reviews(tmp_path / "val.csv", 100, seed=1)
+    config = {
+        "data": {"dataset": "csv", "csv": str(tmp_path / "train.csv"), "val_csv": str(tmp_path / "val.csv")},
+        "tokenizer": {"vocab_size": 80},
+        "model": {"num_layers": 1, "d_model": 32, "num_heads": 2, "d_ff": 64, "dropout": 0.0},
+        "training": {"epochs": 3, "batch_size": 32, "max_length": 16, "warmup_steps": 20, "projector_samples": 60},
+    }
+    run = tmp_path / "run"
+    metrics = classifier_runs.train_classifier(config, str(run), verbose=0)
+    assert metrics["val"]["examples"] == 100 and metrics["val"]["accuracy"] > 0.9, metrics
+    assert json.loads((run / "metrics.json").read_text()) == metrics
+    vocab = (run / "vocab" / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    assert vocab[:5] == ["[PAD]", "[UNK]", "[START]", "[END]", "[CLS]"]
+    for name in ("model.keras", "checkpoints/best.weights.h5", "logs/embeddings/projector_config.pbtxt",
+                 "logs/embeddings/metadata.tsv", "history.csv"):
+        assert (run / name).exists(), name
+
+
+def test_texts_are_framed_by_cls_and_cut_to_max_length(tmp_path):
+    from keras_transformer import text
+
+    tokenizer = text.WordPieceTokenizer.learn(
+        ["a great film", "an awful film"] * 5, vocab_size=40, reserved_tokens=classifier_runs.CLASSIFIER_TOKENS
+    )
+    ids = classifier_runs.encode(tokenizer, ["a great film a great film a great film", "film"], max_length=5).numpy()
+    cls_id = tokenizer.vocab.index("[CLS]")
+    assert ids.shape == (2, 5) and (ids[:, 0] == cls_id).all()
+    assert (ids[1, 2:] == 0).all() and (ids[0] != 0).all()
+    with pytest.raises(ValueError, match="csv:PATH"):
+        classifier_runs.load_examples({**classifier_runs.DEFAULT_CONFIG["data"], "dataset": "csv"})
