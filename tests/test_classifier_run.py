@@ -58,3 +58,21 @@ def test_texts_are_framed_by_cls_and_cut_to_max_length(tmp_path):
     assert (ids[1, 2:] == 0).all() and (ids[0] != 0).all()
     with pytest.raises(ValueError, match="csv:PATH"):
         classifier_runs.load_examples({**classifier_runs.DEFAULT_CONFIG["data"], "dataset": "csv"})
+
+
+@pytest.mark.slow
+def test_the_train_classifier_command(tmp_path):
+    from helpers import cli
+
+    write_reviews(tmp_path / "reviews.csv", 300, seed=2)
+    run = tmp_path / "run"
+    result = cli(
+        "train-classifier", "--dataset", f"csv:{tmp_path / 'reviews.csv'}", "--out", run, "--epochs", 1,
+        "--vocab-size", 80, "--num-layers", 1, "--d-model", 16, "--num-heads", 2, "--d-ff", 32,
+        "--max-length", 16, "--projector-samples", 20,
+    )
+    assert "validation accuracy" in result.stdout and f"run directory: {run}" in result.stdout
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["val"]["examples"] == 30  # 10% held back, balanced
+    refused = cli("train-classifier", "--dataset", "csv", "--out", tmp_path / "other", check=False)
+    assert refused.returncode == 2 and "csv:PATH" in refused.stderr
