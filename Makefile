@@ -9,7 +9,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 DEMO_RUN ?= runs/demo
 DEMO_EXPORT ?= exports/demo
 
-.PHONY: install demo test test-fast clean
+.PHONY: install demo test test-fast bench clean
 
 $(STAMP): setup.py
 	test -x $(PYTHON) || python3 -m venv $(VENV)
@@ -41,6 +41,23 @@ test: $(STAMP)
 # Everything but the tests marked slow.
 test-fast: $(STAMP)
 	$(PYTEST) -m "not slow"
+
+# The speed benchmark (BENCHMARKS.md): installs the `bench` extra (keras-hub)
+# and, unless BENCH_TORCH=0, the `bench-torch` extra (PyTorch) into .venv.
+# Extra pip arguments for torch, e.g. TORCH_PIP_ARGS="--index-url
+# https://download.pytorch.org/whl/cpu" for the CPU-only wheels.
+BENCH_TORCH ?= 1
+TORCH_PIP_ARGS ?=
+BENCH_STAMP := $(VENV)/.bench-stamp-torch$(BENCH_TORCH)
+BENCH_ARGS ?=
+
+$(BENCH_STAMP): $(STAMP) setup.py
+	$(PYTHON) -m pip install --quiet -e ".[bench]"
+	if [ "$(BENCH_TORCH)" = 1 ]; then $(PYTHON) -m pip install --quiet -e ".[bench-torch]" $(TORCH_PIP_ARGS); fi
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(PYTHON) benchmarks/suite.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -25,6 +25,9 @@ setup(
         # The gRPC client of examples/serving_client.py.
         "serving": ["tensorflow-serving-api~=2.21.0"],
         "dev": ["pytest>=8", "pytest-xdist", "tensorflow-serving-api~=2.21.0"],
+        # `make bench`: the keras-hub contender, and PyTorch's nn.Transformer.
+        "bench": ["keras-hub>=0.20"],
+        "bench-torch": ["torch>=2.4"],
     },
     entry_points={"console_scripts": ["keras-transformer=keras_transformer.cli:main"]},
     classifiers=[

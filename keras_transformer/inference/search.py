@@ -69,13 +69,17 @@ class _CachedSteps:
     @staticmethod
     def reorder(state, rows):
         # Cross-attention caches are the same for every beam of a sentence;
-        # only the self-attention caches follow the chosen beams.
+        # only the self-attention caches follow the chosen beams. Caches
+        # hold keys and values on axis 0, the batch on axis 1.
         return [
-            {name: tf.gather(value, rows) if name == "self_attention" else value for name, value in layer.items()}
+            {name: tf.gather(value, rows, axis=1) if name == "self_attention" else value for name, value in layer.items()}
             for layer in state
         ]
 
-    shape_invariants = None
+    @staticmethod
+    def shape_invariants(state):
+        # Only the batch axis (axis 1 of a cache) may change size.
+        return tf.nest.map_structure(lambda cache: tf.TensorShape([cache.shape[0], None]).concatenate(cache.shape[2:]), state)
 
 
 class _RecomputedSteps:
@@ -96,8 +100,8 @@ class _RecomputedSteps:
     def reorder(state, rows):
         return tf.gather(state, rows)
 
-    @property
-    def shape_invariants(self):
+    @staticmethod
+    def shape_invariants(state):
         return tf.TensorShape([None, None])
 
 
@@ -113,8 +117,7 @@ def _invariants(loop_vars, state_index, steps):
         return shape if shape.rank in (None, 0) else tf.TensorShape([None]).concatenate(shape[1:])
 
     shapes = [tf.nest.map_structure(open_batch, var) for var in loop_vars]
-    if steps.shape_invariants is not None:
-        shapes[state_index] = steps.shape_invariants
+    shapes[state_index] = steps.shape_invariants(loop_vars[state_index])
     return tuple(shapes)
 
 
@@ -224,7 +227,7 @@ def beam_search(
     repeat = lambda value: tf.repeat(value, beam_size, axis=0)  # noqa: E731
     steps.source_mask = repeat(source_mask)
     if use_cache:
-        state = tf.nest.map_structure(repeat, steps.state)
+        state = tf.nest.map_structure(lambda cache: tf.repeat(cache, beam_size, axis=1), steps.state)
     else:
         steps.memory = repeat(memory)
         state = repeat(steps.state)

@@ -1,11 +1,12 @@
 """The Transformer's building blocks, one concept per module.
 
-Read them in this order: `masks`, `attention`, `positional`, `embedding`,
+Read them in this order: `masks`, `attention`, `dropout`, `positional`, `embedding`,
 `feed_forward`, `sublayers`, `encoder`, `decoder`.
 """
 
 from keras_transformer.layers.attention import MultiHeadAttention, scaled_dot_product_attention
 from keras_transformer.layers.decoder import Decoder, DecoderLayer
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.embedding import TokenAndPositionEmbedding
 from keras_transformer.layers.encoder import Encoder, EncoderLayer
 from keras_transformer.layers.feed_forward import FeedForward
@@ -26,6 +27,7 @@ __all__ = [
     "AttentionSublayer",
     "Decoder",
     "DecoderLayer",
+    "Dropout",
     "Encoder",
     "EncoderLayer",
     "FeedForward",

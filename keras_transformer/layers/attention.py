@@ -15,7 +15,10 @@ must attend to the keys and values of every earlier position. Recomputing them
 each step is quadratic work; instead each attention layer keeps them in a
 cache tensor of shape
 
-    (batch, 2, num_heads, max_length, key_dim)     [:, 0] keys, [:, 1] values
+    (2, batch, num_heads, max_length, key_dim)     [0] keys, [1] values
+
+(keys and values on the leading axis, so that taking either one is a view,
+not a copy).
 
 * A *self-attention* cache starts as zeros (`MultiHeadAttention.empty_cache`).
   Each step passes `cache` and `cache_index` (how many positions are filled):
@@ -101,18 +104,17 @@ def scaled_dot_product_attention(
 def _write_cache(cache, keys, values, cache_index):
     """Write new keys/values `(batch, heads, new, key_dim)` at `cache_index`.
 
-    Built from gather + select rather than a dynamic-update-slice so that the
-    graph uses only core ops, which every TensorFlow Serving build runs.
+    A scatter of the new slots into the cache: one core op that TensorFlow
+    runs in place of copying every slot through a select, that every
+    TensorFlow Serving build has, and that XLA compiles (the slot positions
+    are data, not shapes).
     """
-    max_length = cache.shape[3] if cache.shape[3] is not None else ops.shape(cache)[3]
-    new_length = ops.shape(keys)[2]
-    positions = ops.arange(max_length)
-    in_window = ops.logical_and(
-        positions >= cache_index, positions < cache_index + new_length
+    updates = ops.stack([keys, values], axis=0)
+    parts, batch, heads, new_length = (ops.shape(updates)[axis] for axis in range(4))
+    grids = ops.meshgrid(
+        ops.arange(parts), ops.arange(batch), ops.arange(heads), ops.arange(new_length) + cache_index, indexing="ij"
     )
-    source_index = ops.clip(positions - cache_index, 0, new_length - 1)
-    updates = ops.take(ops.stack([keys, values], axis=1), source_index, axis=3)
-    return ops.where(in_window[None, None, None, :, None], updates, cache)
+    return ops.scatter_update(cache, ops.stack(grids, axis=-1), updates)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -226,44 +228,66 @@ class MultiHeadAttention(keras.layers.Layer):
         # cache helpers run outside it and must produce that dtype too.
         return ops.cast(variable, self.compute_dtype)
 
-    def _project_queries(self, query):
-        queries = ops.einsum("btd,dhk->bhtk", query, self._weight(self.query_kernel))
+    # Each projection is one plain 2-D matrix product over all positions,
+    # (batch * length, d_model) x (d_model, parts * heads * head_dim), the
+    # shape CPU and GPU matmul kernels run fastest; a single transpose then
+    # puts heads on their own axis. The kernels keep their per-head shapes
+    # (and checkpoints their layout); they are only viewed as 2-D here.
+
+    def _project(self, inputs, kernel, bias, parts):
+        """`inputs` (batch, length, d) -> `parts` tensors (batch, heads, length, head_dim)."""
+        width = parts * self.num_heads * self.head_dim
+        projected = ops.matmul(inputs, ops.reshape(kernel, (-1, width)))
         if self.use_bias:
-            queries = queries + self._weight(self.query_bias)[None, :, None, :]
-        return queries
+            projected = projected + ops.reshape(bias, (width,))
+        batch, length = ops.shape(inputs)[0], ops.shape(inputs)[1]
+        projected = ops.reshape(projected, (batch, length, parts, self.num_heads, self.head_dim))
+        # Unstacking (not slicing) keeps the backward pass to one stack.
+        return ops.unstack(ops.transpose(projected, (2, 0, 3, 1, 4)), num=parts, axis=0)
+
+    def _project_queries(self, query):
+        bias = self._weight(self.query_bias) if self.use_bias else None
+        return self._project(query, self._weight(self.query_kernel), bias, parts=1)[0]
 
     def _project_keys_values(self, value, key=None):
-        """`(batch, 2, heads, length, head_dim)`: keys at [:, 0], values at [:, 1]."""
+        """`(keys, values)`, each `(batch, heads, length, head_dim)`."""
         kernel = self._weight(self.key_value_kernel)
+        bias = self._weight(self.key_value_bias) if self.use_bias else None
         if key is None or key is value:
-            keys_values = ops.einsum("btd,dshk->bshtk", value, kernel)
-        else:
-            keys = ops.einsum("btd,dhk->bhtk", key, kernel[:, 0])
-            values = ops.einsum("btd,dhk->bhtk", value, kernel[:, 1])
-            keys_values = ops.stack([keys, values], axis=1)
-        if self.use_bias:
-            keys_values = keys_values + self._weight(self.key_value_bias)[None, :, :, None, :]
-        return keys_values
+            return tuple(self._project(value, kernel, bias, parts=2))
+        keys = self._project(key, kernel[:, 0], None if bias is None else bias[0], parts=1)[0]
+        values = self._project(value, kernel[:, 1], None if bias is None else bias[1], parts=1)[0]
+        return keys, values
 
     def _project_self_attention(self, inputs):
         """Q, K and V of self-attention from one matmul with [W^Q W^K W^V]."""
         kernel = ops.concatenate([self.query_kernel[:, None], self.key_value_kernel], axis=1)
-        projected = ops.einsum("btd,dshk->sbhtk", inputs, kernel)
+        bias = None
         if self.use_bias:
             bias = ops.concatenate([self.query_bias[None], self.key_value_bias], axis=0)
-            projected = projected + bias[:, None, :, None, :]
-        return projected[0], projected[1], projected[2]
+        return tuple(self._project(inputs, kernel, bias, parts=3))
+
+    def _combine_heads(self, attended):
+        """Concat(head_1, ..., head_h) W^O: `(batch, heads, length, head_dim)` -> `(batch, length, d_model)`."""
+        batch, length = ops.shape(attended)[0], ops.shape(attended)[2]
+        concatenated = ops.reshape(
+            ops.transpose(attended, (0, 2, 1, 3)), (batch, length, self.num_heads * self.head_dim)
+        )
+        outputs = ops.matmul(concatenated, ops.reshape(self.output_kernel, (-1, self.output_dim)))
+        if self.use_bias:
+            outputs = outputs + self.output_bias
+        return outputs
 
     def compute_cache(self, value, key=None):
         """Project a fixed context once: the cross-attention cache."""
         value = ops.cast(value, self.compute_dtype)
         key = None if key is None else ops.cast(key, self.compute_dtype)
-        return self._project_keys_values(value, key)
+        return ops.stack(self._project_keys_values(value, key), axis=0)
 
     def empty_cache(self, batch_size, max_length, dtype=None):
         """A zero self-attention cache for `max_length` positions."""
         return ops.zeros(
-            (batch_size, 2, self.num_heads, max_length, self.head_dim),
+            (2, batch_size, self.num_heads, max_length, self.head_dim),
             dtype=dtype or self.compute_dtype,
         )
 
@@ -287,19 +311,22 @@ class MultiHeadAttention(keras.layers.Layer):
         queries = None
         if cache is not None and cache_index is None:
             # Cross-attention on a precomputed context: nothing to project.
-            keys, values = cache[:, 0], cache[:, 1]
+            keys, values = cache[0], cache[1]
+        elif cache is not None and (value is None or value is query) and key is None:
+            # A decoding step: a token or a few. Separate Q and K/V matmuls
+            # spare the per-step concatenation of [W^Q W^K W^V].
+            keys, values = self._project_keys_values(query)
         elif value is None or (value is query and key is None):
             queries, keys, values = self._project_self_attention(query)
         else:
-            keys_values = self._project_keys_values(value, key)
-            keys, values = keys_values[:, 0], keys_values[:, 1]
+            keys, values = self._project_keys_values(value, key)
         if queries is None:
             queries = self._project_queries(query)
 
         offset, valid_key_length = 0, None
         if cache is not None and cache_index is not None:
             cache = _write_cache(cache, keys, values, cache_index)
-            keys, values = cache[:, 0], cache[:, 1]
+            keys, values = cache[0], cache[1]
             offset = cache_index
             valid_key_length = cache_index + ops.shape(query)[1]
             # The cache's own slots stand for the keys; the new tokens' masks
@@ -327,10 +354,7 @@ class MultiHeadAttention(keras.layers.Layer):
             training=training,
             seed=self.seed_generator,
         )
-        # Concat(head_1, ..., head_h) W^O as one contraction over heads.
-        outputs = ops.einsum("bhtk,hkd->btd", attended, self.output_kernel)
-        if self.use_bias:
-            outputs = outputs + self.output_bias
+        outputs = self._combine_heads(attended)
 
         results = (outputs,)
         if return_attention_scores:

@@ -8,8 +8,8 @@ position i can depend only on the known outputs at positions less than i."
 
 **Incremental decoding.** `Decoder.build_cache` returns one dict per layer,
 
-    {"self_attention":  (batch, 2, heads, max_length, key_dim)   zeros,
-     "cross_attention": (batch, 2, heads, source_length, key_dim)}  (if any)
+    {"self_attention":  (2, batch, heads, max_length, key_dim)   zeros,
+     "cross_attention": (2, batch, heads, source_length, key_dim)}  (if any)
 
 and `Decoder(new_ids, cache=cache, cache_index=t)` runs only the new
 positions t, t+1, ..., returning `(outputs, updated_cache)`.

@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from keras_transformer.layers.checks import check_positive_int, check_rate
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.positional import PositionalEncoding, PositionEmbedding
 
 POSITION_KINDS = ("sinusoidal", "learned")
@@ -89,7 +90,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             self.position_embedding = PositionEmbedding(
                 max_length, dtype=self.dtype_policy, name="position_embedding"
             )
-        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.dropout_layer = Dropout(dropout, dtype=self.dtype_policy)
         self.supports_masking = mask_zero
 
     @property

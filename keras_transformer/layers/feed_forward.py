@@ -10,6 +10,7 @@ identically; it is where most of a Transformer layer's parameters live
 import keras
 
 from keras_transformer.layers.checks import check_positive_int, check_rate
+from keras_transformer.layers.dropout import Dropout
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -46,7 +47,7 @@ class FeedForward(keras.layers.Layer):
         self.activation = activation
         self.dropout = dropout
         self.hidden = keras.layers.Dense(d_ff, activation=activation, dtype=self.dtype_policy, name="hidden")
-        self.hidden_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.hidden_dropout = Dropout(dropout, dtype=self.dtype_policy)
         self.projection = keras.layers.Dense(d_model, dtype=self.dtype_policy, name="projection")
         self.supports_masking = True
 

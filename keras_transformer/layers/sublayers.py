@@ -20,6 +20,7 @@ import keras
 
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.checks import check_positive_int, check_rate
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.feed_forward import FeedForward
 from keras_transformer.layers.masks import keras_mask
 
@@ -34,7 +35,7 @@ class ResidualSublayer(keras.layers.Layer):
         self.norm_first = norm_first
         self.epsilon = epsilon
         self.norm = keras.layers.LayerNormalization(epsilon=epsilon, dtype=self.dtype_policy, name="norm")
-        self.output_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.output_dropout = Dropout(dropout, dtype=self.dtype_policy)
         self.supports_masking = True
 
     def _residual(self, inputs, sublayer, training):

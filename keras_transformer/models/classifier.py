@@ -13,6 +13,7 @@ from keras import ops
 
 from keras_transformer.layers import Encoder
 from keras_transformer.layers.checks import check_positive_int
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.masks import padding_mask
 
 POOLINGS = ("cls", "mean")
@@ -96,7 +97,7 @@ class TransformerClassifier(keras.Model):
             dtype=self.dtype_policy,
             name="encoder",
         )
-        self.head_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.head_dropout = Dropout(dropout, dtype=self.dtype_policy)
         self.classifier = keras.layers.Dense(num_classes, dtype=self.dtype_policy, name="classifier")
 
     def build(self, token_ids_shape):

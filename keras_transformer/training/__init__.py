@@ -10,9 +10,11 @@ from keras_transformer.training.distribution import (
 )
 from keras_transformer.training.losses import MaskedSparseCrossEntropy, token_cross_entropy
 from keras_transformer.training.metrics import MaskedAccuracy, Perplexity
+from keras_transformer.training.optimizers import FusedAdam
 from keras_transformer.training.schedule import TransformerSchedule, transformer_optimizer
 
 __all__ = [
+    "FusedAdam",
     "LearningRateLogger",
     "MaskedAccuracy",
     "MaskedSparseCrossEntropy",

@@ -1,0 +1,320 @@
+"""`make bench`: every benchmark row, side by side in one run, written to BENCHMARKS.md.
+
+    python benchmarks/suite.py [--out BENCHMARKS.md] [--only train|decode|roofline] [--quick]
+
+Each row runs in its own process (`rows.py`), one after another, so that
+rows never share the cores and each one's peak memory is its own. The
+results replace the part of BENCHMARKS.md between the two `make bench`
+markers (the rest of the file is kept), and go to `benchmarks/results.json`
+in full. `--quick` times one short window per row: for trying the suite
+out, not for figures.
+"""
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from config import KERAS_CONTENDERS, SMALL, training_flops_per_batch
+
+HERE = Path(__file__).resolve().parent
+BEGIN, END = "<!-- make bench: begin -->", "<!-- make bench: end -->"
+BASELINE = ("keras_hub", "float32", False)
+
+
+def training_rows(torch_available):
+    rows = []
+    for model in KERAS_CONTENDERS:
+        for dtype in ("float32", "bfloat16"):
+            for jit in (False, True):
+                rows.append(["train", "--model", model, "--dtype", dtype] + (["--jit"] if jit else []))
+    if torch_available:
+        rows += [["train", "--model", "torch", "--dtype", dtype] for dtype in ("float32", "bfloat16")]
+    return rows
+
+
+DECODING_ROWS = [
+    ["decode", "--model", "keras_transformer", "--search", "greedy"],
+    ["decode", "--model", "keras_transformer", "--search", "greedy", "--jit"],
+    ["decode", "--model", "keras_transformer", "--search", "greedy", "--no-cache"],
+    ["decode", "--model", "keras_transformer", "--search", "beam", "--beam-size", "4"],
+    ["decode", "--model", "keras_hub", "--search", "greedy"],
+    ["decode", "--model", "keras_hub", "--search", "greedy", "--jit"],
+]
+
+
+def has_module(name):
+    try:
+        importlib.metadata.version(name)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+def run_row(arguments, timing):
+    command = [sys.executable, str(HERE / "rows.py"), *arguments, *timing]
+    started = time.perf_counter()
+    completed = subprocess.run(command, capture_output=True, text=True, cwd=HERE)
+    lines = [line for line in completed.stdout.splitlines() if line.startswith("{")]
+    if completed.returncode != 0 or not lines:
+        tail = "\n".join(completed.stderr.strip().splitlines()[-15:])
+        print(f"  FAILED ({completed.returncode}): {' '.join(arguments)}\n{tail}", file=sys.stderr)
+        return {"failed": " ".join(arguments), "error": tail.splitlines()[-1] if tail else ""}
+    row = json.loads(lines[-1])
+    row["wall_seconds"] = time.perf_counter() - started
+    return row
+
+
+def versions():
+    names = ["tensorflow", "keras", "keras-hub", "tensorflow-text", "numpy", "torch"]
+    found = {}
+    for name in names:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    found["python"] = platform.python_version()
+    return found
+
+
+def machine():
+    model, flags = platform.processor() or "unknown CPU", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    features = [name for flag, name in (("avx512f", "AVX-512"), ("amx_bf16", "AMX-BF16"), ("avx512_bf16", "AVX512-BF16")) if flag in flags]
+    memory = ""
+    try:
+        kib = int(Path("/proc/meminfo").read_text().split()[1])
+        memory = f", {kib / 2**20:.0f} GiB memory"
+    except (OSError, ValueError, IndexError):
+        pass
+    return f"{model}, {os.cpu_count()} cores ({', '.join(features) or 'no AVX-512'}){memory}, no GPU"
+
+
+# -- the report --------------------------------------------------------------
+
+LABELS = {
+    "keras_transformer": "keras_transformer `Transformer`",
+    "keras_hub": "keras-hub layers",
+    "tutorial": "TF-tutorial style (`keras.layers.MultiHeadAttention`)",
+    "torch": "PyTorch `nn.Transformer` (eager)",
+}
+
+
+def _peak(roofline, dtype):
+    figures = [entry["gflops"] for key, entry in roofline["matmuls"].items() if key.startswith(dtype + "/")]
+    return max(figures) if figures else None
+
+
+def render(results, header):
+    train = [row for row in results if row.get("kind") == "train"]
+    decode = [row for row in results if row.get("kind") == "decode"]
+    roofline = next((row for row in results if row.get("kind") == "roofline"), None)
+    failed = [row for row in results if "failed" in row]
+    baseline = next(
+        (row for row in train if (row["model"], row["dtype"], row["jit"]) == BASELINE), None
+    )
+    lines = [BEGIN, "", "## Training and decoding speed (`make bench`)", ""]
+    lines += [f"- **{key}**: {value}" for key, value in header.items()]
+    lines += [""]
+
+    if train:
+        lines += [
+            "### Training throughput",
+            "",
+            'The "small" configuration: vocabularies 8000/8000, d_model 256, 3 + 3 layers, 8 heads, d_ff 512,',
+            "dropout 0.1, batches of 64 sentences x 32 source x 32 target tokens (random ids, no padding),",
+            "Adam, cross-entropy on float32 logits. Target tokens per second in steady state: the first steps",
+            "(tracing, compilation) are excluded, then the median of 3 windows of at least 10 s. Model",
+            "GFLOP/s counts matmul FLOPs only (formula below); \"% of peak\" divides it by the best matmul",
+            "GFLOP/s this machine reached at the model's own shapes in the same dtype (roofline table).",
+            "",
+            "| model | dtype | jit_compile | tokens/s | vs keras-hub float32 | model GFLOP/s | % of matmul peak | peak memory (MiB) | optimizer |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for row in train:
+            peak = _peak(roofline, row["dtype"]) if roofline else None
+            ratio = f"{row['tokens_per_s'] / baseline['tokens_per_s']:.2f}x" if baseline else "n/a"
+            share = f"{100 * row['model_gflops'] / peak:.0f}%" if peak else "n/a"
+            optimizer = {"keras_transformer": "`FusedAdam` (ours)", "torch": "`torch.optim.Adam`"}.get(
+                row["model"], "`keras.optimizers.Adam`"
+            )
+            jit = "n/a (eager)" if row["model"] == "torch" else ("yes" if row["jit"] else "no")
+            dtype = row["dtype"] if row["dtype"] == "float32" else (
+                "bfloat16 autocast" if row["model"] == "torch" else "mixed_bfloat16"
+            )
+            lines.append(
+                f"| {LABELS[row['model']]} | {dtype} | {jit} | {row['tokens_per_s']:,.0f} | {ratio} | "
+                f"{row['model_gflops']:.0f} | {share} | {row['peak_memory_mib']:,.0f} | {optimizer} |"
+            )
+        lines += [
+            "",
+            f"FLOPs per training step ({training_flops_per_batch(SMALL) / 1e9:.1f} GFLOP) = 3 x forward matmul FLOPs",
+            "(the backward pass is twice the forward), with d = d_model, f = d_ff, S = T = 32, V = 8000, per",
+            "sentence: encoder layer S(4d^2 + 2df) + 2S^2 d; decoder layer T(4d^2 + 2df) + 2T^2 d + 2Td^2 +",
+            "2Sd^2 + 2TSd; output layer TdV; FLOPs = 2 x multiply-adds (`benchmarks/contenders.py`).",
+            "",
+        ]
+
+    if decode:
+        keras_hub_cached = next(
+            (row for row in decode if row["model"] == "keras_hub" and not row["jit"]), None
+        )
+        lines += [
+            "### Decoding throughput",
+            "",
+            "Greedy decoding of a batch of 32 random source sentences of 32 tokens, exactly 32 new tokens",
+            "each (the end token is never produced), float32, untrained weights; sentences per second, median",
+            "of 3 windows of at least 5 s after warm-up. Beam search keeps its default of also following the",
+            "greedy path (so it never returns a worse-scoring translation than greedy).",
+            "",
+            "| decoder | search | key/value cache | jit_compile | sentences/s | vs keras-hub cached | peak memory (MiB) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in decode:
+            search = "greedy" if row["search"] == "greedy" else "beam 4"
+            ratio = (
+                f"{row['sentences_per_s'] / keras_hub_cached['sentences_per_s']:.2f}x" if keras_hub_cached else "n/a"
+            )
+            name = "keras_transformer `greedy_search`/`beam_search`" if row["model"] == "keras_transformer" else (
+                "keras-hub `TransformerDecoder` cache + `GreedySampler`"
+            )
+            lines.append(
+                f"| {name} | {search} | {'yes' if row['cache'] else 'no (recompute the prefix)'} | "
+                f"{'yes' if row['jit'] else 'no'} | {row['sentences_per_s']:.1f} | {ratio} | {row['peak_memory_mib']:,.0f} |"
+            )
+        lines.append("")
+
+    if roofline:
+        lines += [
+            "### The roofline: this machine's matmul speed",
+            "",
+            "`tf.matmul` of the model's own shapes (m x k by k x n), median of 5 timings of ~20 GFLOP each.",
+            "",
+            "| matmul | m x k x n | float32 GFLOP/s | bfloat16 GFLOP/s |",
+            "|---|---|---|---|",
+        ]
+        names = sorted({key.split("/", 1)[1] for key in roofline["matmuls"]}, key=lambda n: -roofline["matmuls"][f"float32/{n}"]["shape"][2])
+        for name in names:
+            fp32, bf16 = roofline["matmuls"][f"float32/{name}"], roofline["matmuls"][f"bfloat16/{name}"]
+            shape = " x ".join(str(size) for size in fp32["shape"])
+            lines.append(f"| {name} | {shape} | {fp32['gflops']:.0f} | {bf16['gflops']:.0f} |")
+        lines.append("")
+
+    lines += goals(train, decode, roofline)
+    if failed:
+        lines += ["### Rows that failed", ""] + [f"- `{row['failed']}`: {row['error']}" for row in failed] + [""]
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def goals(train, decode, roofline):
+    def find(rows, **match):
+        return next((row for row in rows if all(row.get(key) == value for key, value in match.items())), None)
+
+    keras_hub = find(train, model="keras_hub", dtype="float32", jit=False)
+    ours32 = find(train, model="keras_transformer", dtype="float32", jit=False)
+    ours16 = find(train, model="keras_transformer", dtype="bfloat16", jit=False)
+    checks = []
+    if keras_hub and ours32:
+        ratio = ours32["tokens_per_s"] / keras_hub["tokens_per_s"]
+        checks.append(("Training float32 >= 1.25x the keras-hub model", f"{ratio:.2f}x", ratio >= 1.25))
+    if ours32 and roofline:
+        share = ours32["model_gflops"] / _peak(roofline, "float32")
+        checks.append(("Training float32 >= 55% of the float32 matmul peak", f"{share:.0%}", share >= 0.55))
+    if keras_hub and ours16:
+        ratio = ours16["tokens_per_s"] / keras_hub["tokens_per_s"]
+        checks.append(("Training mixed bfloat16 >= 2x the keras-hub model's float32", f"{ratio:.2f}x", ratio >= 2))
+    cached = find(decode, model="keras_transformer", search="greedy", cache=True, jit=False)
+    cached_xla = find(decode, model="keras_transformer", search="greedy", cache=True, jit=True)
+    recompute = find(decode, model="keras_transformer", search="greedy", cache=False)
+    hub = find(decode, model="keras_hub", jit=False)
+    hub_xla = find(decode, model="keras_hub", jit=True)
+    if cached and hub:
+        ratio = cached["sentences_per_s"] / hub["sentences_per_s"]
+        checks.append(("Cached greedy >= 2x keras-hub's cached (both without XLA)", f"{ratio:.2f}x", ratio >= 2))
+    if cached_xla and hub_xla:
+        ratio = cached_xla["sentences_per_s"] / hub_xla["sentences_per_s"]
+        checks.append(("Cached greedy >= 2x keras-hub's cached (both with XLA)", f"{ratio:.2f}x", ratio >= 2))
+    if cached and recompute:
+        ratio = cached["sentences_per_s"] / recompute["sentences_per_s"]
+        checks.append(("Cached greedy >= 5x our own no-cache recompute", f"{ratio:.1f}x", ratio >= 5))
+    if not checks:
+        return []
+    lines = ["### Goals, as ratios from this run", "", "| goal | measured | met |", "|---|---|---|"]
+    lines += [f"| {goal} | {value} | {'yes' if met else '**no**'} |" for goal, value, met in checks]
+    return lines + [""]
+
+
+def write_report(path, text):
+    path = Path(path)
+    existing = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
+    if BEGIN in existing and END in existing:
+        before, rest = existing.split(BEGIN, 1)
+        after = rest.split(END, 1)[1]
+        updated = before + text + after
+    else:
+        updated = existing.rstrip("\n") + "\n\n" + text + "\n"
+    path.write_text(updated, encoding="utf-8")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=str(HERE.parent / "BENCHMARKS.md"))
+    parser.add_argument("--results", default=str(HERE / "results.json"))
+    parser.add_argument("--only", choices=["train", "decode", "roofline"])
+    parser.add_argument("--quick", action="store_true", help="one 2 s window per row: a smoke run, not figures")
+    args = parser.parse_args()
+
+    torch_available = has_module("torch")
+    plan = []
+    if args.only in (None, "roofline"):
+        plan.append(["roofline"])
+    if args.only in (None, "train"):
+        plan += training_rows(torch_available)
+    if args.only in (None, "decode"):
+        plan += DECODING_ROWS
+    train_timing = ["--windows", "1", "--window-seconds", "2"] if args.quick else ["--windows", "3", "--window-seconds", "10"]
+    decode_timing = ["--windows", "1", "--window-seconds", "2"] if args.quick else ["--windows", "3", "--window-seconds", "5"]
+
+    started = time.perf_counter()
+    results = []
+    for index, arguments in enumerate(plan, 1):
+        print(f"[{index}/{len(plan)}] {' '.join(arguments)}", flush=True)
+        timing = decode_timing if arguments[0] == "decode" else train_timing if arguments[0] == "train" else []
+        row = run_row(arguments, timing)
+        results.append(row)
+        summary = {k: row[k] for k in ("tokens_per_s", "sentences_per_s", "peak_memory_mib") if k in row}
+        print(f"    {json.dumps(summary)}", flush=True)
+    minutes = (time.perf_counter() - started) / 60
+
+    header = {
+        "date": datetime.date.today().isoformat(),
+        "machine": machine(),
+        "versions": ", ".join(f"{name} {version}" for name, version in versions().items()),
+        "command": "`make bench` (`python benchmarks/suite.py" + (" --quick" if args.quick else "") + "`)"
+        + ("" if torch_available else "; torch not installed, so no PyTorch rows"),
+        "duration": f"{minutes:.1f} minutes for all rows, one after another",
+    }
+    if args.quick:
+        header["note"] = "**--quick run: one 2-second window per row; not figures to quote.**"
+    Path(args.results).write_text(json.dumps({"header": header, "rows": results}, indent=1), encoding="utf-8")
+    write_report(args.out, render(results, header))
+    print(f"wrote {args.out} ({minutes:.1f} minutes)")
+    return 1 if any("failed" in row for row in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
