@@ -50,8 +50,8 @@ def trained_demo_run(tmp_path_factory):
 
     run = tmp_path_factory.mktemp("runs") / "demo"
     result = cli(
-        "train", "--dataset", "demo", "--out", run, "--epochs", 1, "--steps-per-epoch", 80,
-        "--warmup-steps", 40, "--limit-train", 3000, "--limit-val", 40, "--cpu-replicas", 2,
+        "train", "--dataset", "demo", "--out", run, "--epochs", 1, "--steps-per-epoch", 100,
+        "--warmup-steps", 100, "--limit-train", 3000, "--limit-val", 40, "--cpu-replicas", 2,
         "--strategy", "mirrored", "--num-layers", 2, "--d-model", 64, "--num-heads", 2, "--d-ff", 128,
     )
     return run, result.stdout

@@ -48,7 +48,7 @@ def _softmax_dtype(dtype):
 
 
 def scaled_dot_product_attention(
-    queries, keys, values, mask=None, dropout_rate=0.0, training=False, seed=None
+    queries, keys, values, mask=None, dropout_rate=0.0, training=False, seed=None, scale=None
 ):
     """Equation (1): softmax(Q K^T / sqrt(d_k)) V.
 
@@ -63,6 +63,8 @@ def scaled_dot_product_attention(
         dropout_rate: dropout on the attention weights (used in training).
         training: whether dropout is applied.
         seed: a `keras.random.SeedGenerator` for the dropout.
+        scale: the factor on Q K^T, 1 / sqrt(key_dim) by default.
+            `MultiHeadAttention` folds it into W^Q and passes 1.
 
     Returns:
         `(outputs, weights)`: outputs `(..., query_length, value_dim)` in the
@@ -74,11 +76,14 @@ def scaled_dot_product_attention(
     >>> outputs, weights = scaled_dot_product_attention(q, k, v)
     >>> outputs.shape, weights.shape  # ((2, 4, 8), (2, 4, 4))
     """
-    key_dim = queries.shape[-1]
-    # Scaling the queries (length x key_dim) is cheaper than scaling the
-    # logits (length x length) and gives the same result. Without it the dot
-    # products grow with key_dim and push the softmax into tiny gradients.
-    queries = queries * ops.cast(1.0 / math.sqrt(key_dim), queries.dtype)
+    if scale is None:
+        # Without it the dot products grow with key_dim and push the softmax
+        # into tiny gradients.
+        scale = 1.0 / math.sqrt(queries.shape[-1])
+    if scale != 1.0:
+        # Scaling the queries (length x key_dim) is cheaper than scaling the
+        # logits (length x length) and gives the same result.
+        queries = queries * ops.cast(scale, queries.dtype)
     logits = ops.einsum("...qd,...kd->...qk", queries, keys)
 
     # The softmax runs in float32 even under mixed precision: it sums
@@ -86,12 +91,15 @@ def scaled_dot_product_attention(
     logits = ops.cast(logits, _softmax_dtype(logits.dtype))
     if mask is not None:
         mask = ops.cast(mask, "bool")
-        logits = ops.where(mask, logits, ops.cast(MASKED_LOGIT, logits.dtype))
+        # Adding 0 or -1e9 (built at the mask's size, without the heads axis)
+        # rather than selecting: the addition needs no backward pass.
+        logits = logits + ops.cast(ops.where(mask, 0.0, MASKED_LOGIT), logits.dtype)
     weights = ops.softmax(logits, axis=-1)
     if mask is not None:
-        # A fully masked row has a uniform softmax over -1e9s; zero it so
-        # such a query (a padded one) mixes in nothing at all.
-        weights = ops.where(mask, weights, ops.zeros_like(weights))
+        # A row with every key masked has a uniform softmax over -1e9s; zero
+        # it so such a query (a padded one) mixes in nothing at all.
+        has_keys = ops.any(mask, axis=-1, keepdims=True)
+        weights = weights * ops.cast(has_keys, weights.dtype)
     weights = ops.cast(weights, values.dtype)
 
     attended = weights
@@ -245,9 +253,16 @@ class MultiHeadAttention(keras.layers.Layer):
         # Unstacking (not slicing) keeps the backward pass to one stack.
         return ops.unstack(ops.transpose(projected, (2, 0, 3, 1, 4)), num=parts, axis=0)
 
+    # Equation (1)'s 1/sqrt(d_k) is folded into W^Q (and its bias): scaling
+    # a d_model x d_model matrix is cheaper than scaling every query.
+
+    def _query_scale(self):
+        return 1.0 / math.sqrt(self.head_dim)
+
     def _project_queries(self, query):
-        bias = self._weight(self.query_bias) if self.use_bias else None
-        return self._project(query, self._weight(self.query_kernel), bias, parts=1)[0]
+        scale = ops.cast(self._query_scale(), self.compute_dtype)
+        bias = self._weight(self.query_bias) * scale if self.use_bias else None
+        return self._project(query, self._weight(self.query_kernel) * scale, bias, parts=1)[0]
 
     def _project_keys_values(self, value, key=None):
         """`(keys, values)`, each `(batch, heads, length, head_dim)`."""
@@ -261,10 +276,11 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def _project_self_attention(self, inputs):
         """Q, K and V of self-attention from one matmul with [W^Q W^K W^V]."""
-        kernel = ops.concatenate([self.query_kernel[:, None], self.key_value_kernel], axis=1)
+        scale = ops.cast(self._query_scale(), self.compute_dtype)
+        kernel = ops.concatenate([self.query_kernel[:, None] * scale, self.key_value_kernel], axis=1)
         bias = None
         if self.use_bias:
-            bias = ops.concatenate([self.query_bias[None], self.key_value_bias], axis=0)
+            bias = ops.concatenate([self.query_bias[None] * scale, self.key_value_bias], axis=0)
         return tuple(self._project(inputs, kernel, bias, parts=3))
 
     def _combine_heads(self, attended):
@@ -353,6 +369,7 @@ class MultiHeadAttention(keras.layers.Layer):
             dropout_rate=self.dropout,
             training=training,
             seed=self.seed_generator,
+            scale=1.0,
         )
         outputs = self._combine_heads(attended)
 
