@@ -201,7 +201,8 @@ def render(results, header):
         lines += [
             "### The roofline: this machine's matmul speed",
             "",
-            "`tf.matmul` of the model's own shapes (m x k by k x n), median of 5 timings of ~20 GFLOP each.",
+            "`tf.matmul` of the model's own shapes (m x k by k x n), median of 5 timings of ~20 GFLOP each;"
+            + (" measured at the start and the end of the run, the better figure kept." if roofline.get("measurements", 1) > 1 else " measured once, at the start of the run."),
             "",
             "| matmul | m x k x n | float32 GFLOP/s | bfloat16 GFLOP/s |",
             "|---|---|---|---|",
@@ -258,6 +259,20 @@ def goals(train, decode, roofline):
     return lines + [""]
 
 
+def merge_rooflines(results):
+    """One roofline row: the best GFLOP/s per matmul over every roofline measurement."""
+    rooflines = [row for row in results if row.get("kind") == "roofline"]
+    if len(rooflines) < 2:
+        return results
+    merged = {"kind": "roofline", "matmuls": {}, "measurements": len(rooflines)}
+    for row in rooflines:
+        for key, entry in row["matmuls"].items():
+            if key not in merged["matmuls"] or entry["gflops"] > merged["matmuls"][key]["gflops"]:
+                merged["matmuls"][key] = entry
+    merged["peak_memory_mib"] = max(row["peak_memory_mib"] for row in rooflines)
+    return [row for row in results if row.get("kind") != "roofline"] + [merged]
+
+
 def write_report(path, text):
     path = Path(path)
     existing = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
@@ -286,6 +301,10 @@ def main():
         plan += training_rows(torch_available)
     if args.only in (None, "decode"):
         plan += DECODING_ROWS
+    if args.only is None:
+        # The machine's speed drifts over a run; the roofline is taken at both
+        # ends and the better figure kept, so "% of peak" is not flattered.
+        plan.append(["roofline"])
     train_timing = ["--windows", "1", "--window-seconds", "2"] if args.quick else ["--windows", "3", "--window-seconds", "10"]
     decode_timing = ["--windows", "1", "--window-seconds", "2"] if args.quick else ["--windows", "3", "--window-seconds", "5"]
 
@@ -299,6 +318,7 @@ def main():
         summary = {k: row[k] for k in ("tokens_per_s", "sentences_per_s", "peak_memory_mib") if k in row}
         print(f"    {json.dumps(summary)}", flush=True)
     minutes = (time.perf_counter() - started) / 60
+    results = merge_rooflines(results)
 
     header = {
         "date": datetime.date.today().isoformat(),
