@@ -3,10 +3,17 @@
 A row's first steps trace and compile and warm caches; `SteadyStateWindows`
 ignores them, then times consecutive windows of at least `window_seconds`,
 each a whole number of steps, and reports the median window's rate.
+
+`ConductedWindows` times the same windows one at a time, when the suite says
+so: the suite keeps several rows alive and has each time one window in turn,
+round after round, so that a row never gets all of a fast or a slow stretch
+of this shared machine to itself.
 """
 
+import json
 import resource
 import statistics
+import sys
 import time
 
 
@@ -62,6 +69,69 @@ class SteadyStateWindows:
             "window_rates": self.rates,
             "window_steps": self.window_steps,
         }
+
+
+class ConductedWindows(SteadyStateWindows):
+    """`SteadyStateWindows` whose windows start when the conductor says so.
+
+    After warm-up the row prints `BENCH {"ready": true}` and waits for a line on
+    stdin: `window` runs one untimed step (caches cool while a row waits its
+    turn), then times one window and prints `BENCH {"window_rate": ...}`;
+    `finish` ends the row. The row is blocked in `step_done()` while it waits,
+    so it takes no CPU from the row being timed.
+    """
+
+    def __init__(self, units_per_step, window_seconds=10.0, commands=None, reports=None, **warmup):
+        super().__init__(units_per_step, windows=0, window_seconds=window_seconds, **warmup)
+        self.commands = commands or sys.stdin
+        self.reports = reports or sys.stdout
+        self._finished = False
+        self._rewarm = False
+
+    def _report(self, message):
+        self.reports.write("BENCH " + json.dumps(message) + "\n")
+        self.reports.flush()
+
+    def _wait_for_command(self):
+        command = self.commands.readline().strip()
+        if command == "window":
+            self._window_start, self._steps_in_window, self._rewarm = None, 0, True
+        elif command in ("finish", ""):  # "" : the conductor is gone
+            self._finished = True
+        else:
+            raise ValueError(f"unknown benchmark command {command!r}")
+
+    def step_done(self):
+        if self._finished:
+            return True
+        now = time.perf_counter()
+        self._steps += 1
+        if self._first_step_end is None:
+            self._first_step_end = now
+        if self._window_start is None:
+            if self._rewarm:
+                self._rewarm = False
+                self._window_start = now
+                return False
+            warm = self._steps >= self.warmup_steps and now - self._first_step_end >= self.warmup_seconds
+            if warm:
+                self._report({"ready": True})
+                self._wait_for_command()
+            return self._finished
+        self._steps_in_window += 1
+        elapsed = now - self._window_start
+        if elapsed >= self.window_seconds:
+            rate = self._steps_in_window * self.units_per_step / elapsed
+            self.rates.append(rate)
+            self.window_steps.append(self._steps_in_window)
+            self._report({"window_rate": rate})
+            self._window_start = None
+            self._wait_for_command()
+        return self._finished
+
+    @property
+    def done(self):
+        return self._finished
 
 
 def peak_memory_mib():

@@ -6,7 +6,8 @@
 
 `suite.py` runs every row in its own process, so that each starts from a
 fresh TensorFlow (no dtype policy, XLA cache or memory left over) and its
-peak resident memory is its own.
+peak resident memory is its own; it passes `--conducted` and tells the row
+when to time each window (`measure.ConductedWindows`).
 """
 
 import argparse
@@ -18,7 +19,7 @@ import time
 import numpy as np
 
 from config import KERAS_CONTENDERS, SMALL, matmul_shapes, training_flops_per_batch
-from measure import SteadyStateWindows, peak_memory_mib
+from measure import ConductedWindows, SteadyStateWindows, peak_memory_mib
 
 
 def random_batches(config, count=8, seed=0):
@@ -34,6 +35,8 @@ def random_batches(config, count=8, seed=0):
 
 
 def windows_from(args, units_per_step):
+    if args.conducted:
+        return ConductedWindows(units_per_step, window_seconds=args.window_seconds)
     return SteadyStateWindows(units_per_step, windows=args.windows, window_seconds=args.window_seconds)
 
 
@@ -273,6 +276,9 @@ def main(argv=None):
     parser.add_argument("--no-cache", action="store_true", help="recompute the prefix at every step")
     parser.add_argument("--windows", type=int, default=3)
     parser.add_argument("--window-seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--conducted", action="store_true", help="time a window each time stdin says `window` (how suite.py runs rows)"
+    )
     args = parser.parse_args(argv)
     row = {"train": train_row, "decode": decode_row, "roofline": roofline_row}[args.kind](args)
     row["peak_memory_mib"] = peak_memory_mib()

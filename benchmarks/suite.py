@@ -2,8 +2,12 @@
 
     python benchmarks/suite.py [--out BENCHMARKS.md] [--only train|decode|roofline] [--quick]
 
-Each row runs in its own process (`rows.py`), one after another, so that
-rows never share the cores and each one's peak memory is its own. The
+Each row runs in its own process (`rows.py`), so that each one's peak
+memory is its own. The rows of a group (training; training with XLA;
+decoding) start together and warm up, then time their windows in rounds:
+every row one window, one row at a time, then the next round. So the
+machine's drift over minutes (it is shared) spreads over all rows alike
+instead of favouring whichever row ran in a fast stretch. The
 results replace the part of BENCHMARKS.md between the two `make bench`
 markers (the rest of the file is kept), and go to `benchmarks/results.json`
 in full. `--quick` times one short window per row: for trying the suite
@@ -11,6 +15,7 @@ out, not for figures.
 """
 
 import argparse
+import concurrent.futures
 import datetime
 import importlib.metadata
 import json
@@ -18,6 +23,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,15 +34,18 @@ BEGIN, END = "<!-- make bench: begin -->", "<!-- make bench: end -->"
 BASELINE = ("keras_hub", "float32", False)
 
 
-def training_rows(torch_available):
-    rows = []
-    for model in KERAS_CONTENDERS:
-        for dtype in ("float32", "bfloat16"):
-            for jit in (False, True):
-                rows.append(["train", "--model", model, "--dtype", dtype] + (["--jit"] if jit else []))
-    if torch_available:
-        rows += [["train", "--model", "torch", "--dtype", dtype] for dtype in ("float32", "bfloat16")]
-    return rows
+def training_groups(torch_available):
+    """Training rows in two groups: without XLA (and PyTorch), then with XLA."""
+    groups = []
+    for jit in (False, True):
+        group = []
+        for model in KERAS_CONTENDERS:
+            for dtype in ("float32", "bfloat16"):
+                group.append(["train", "--model", model, "--dtype", dtype] + (["--jit"] if jit else []))
+        if torch_available and not jit:
+            group += [["train", "--model", "torch", "--dtype", dtype] for dtype in ("float32", "bfloat16")]
+        groups.append(group)
+    return groups
 
 
 DECODING_ROWS = [
@@ -48,6 +57,10 @@ DECODING_ROWS = [
     ["decode", "--model", "keras_hub", "--search", "greedy", "--jit"],
 ]
 
+# Rows start (import, build, trace, warm up) this many at a time, while no
+# row is being timed: start-up is mostly one Python thread per process.
+PARALLEL_STARTS = max(1, min(2, os.cpu_count() or 1))
+
 
 def has_module(name):
     try:
@@ -57,7 +70,8 @@ def has_module(name):
         return False
 
 
-def run_row(arguments, timing):
+def run_row(arguments, timing=()):
+    """One row start to finish in its own process (the roofline)."""
     command = [sys.executable, str(HERE / "rows.py"), *arguments, *timing]
     started = time.perf_counter()
     completed = subprocess.run(command, capture_output=True, text=True, cwd=HERE)
@@ -69,6 +83,84 @@ def run_row(arguments, timing):
     row = json.loads(lines[-1])
     row["wall_seconds"] = time.perf_counter() - started
     return row
+
+
+class ConductedRow:
+    """A row's process, kept alive so that it can time one window when told (`rows.py --conducted`)."""
+
+    def __init__(self, arguments, window_seconds):
+        self.arguments = arguments
+        self.window_seconds = window_seconds
+        self.error = None
+        self.process = None
+
+    @property
+    def name(self):
+        return " ".join(self.arguments)
+
+    def start(self):
+        """Start the process and wait until it has warmed up; False if it failed."""
+        self.started = time.perf_counter()
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # TensorFlow logs a lot: a pipe could fill and block it
+        self.process = subprocess.Popen(
+            [sys.executable, str(HERE / "rows.py"), *self.arguments, "--conducted", "--window-seconds", str(self.window_seconds)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, cwd=HERE,
+        )
+        return self._expect("ready") is not None
+
+    def _expect(self, key):
+        """The next `BENCH` report's `key`; None (and the error noted) if the process ended instead."""
+        for line in self.process.stdout:
+            if line.startswith("BENCH "):
+                return json.loads(line[len("BENCH "):])[key]
+        self._failed()
+        return None
+
+    def _failed(self):
+        self.process.wait()
+        self.stderr.seek(0)
+        tail = "\n".join(self.stderr.read().strip().splitlines()[-15:])
+        self.error = f"exit {self.process.returncode}: " + (tail.splitlines()[-1] if tail else "no output")
+        print(f"  FAILED: {self.name}\n{tail}", file=sys.stderr)
+
+    def window(self):
+        self.process.stdin.write("window\n")
+        self.process.stdin.flush()
+        return self._expect("window_rate")
+
+    def finish(self):
+        """Ends the process; returns its result row."""
+        if self.error is None:
+            self.process.stdin.write("finish\n")
+            self.process.stdin.flush()
+            output, _ = self.process.communicate()
+            lines = [line for line in output.splitlines() if line.startswith("{")]
+            if self.process.returncode == 0 and lines:
+                row = json.loads(lines[-1])
+                row["wall_seconds"] = time.perf_counter() - self.started
+                return row
+            self._failed()
+        return {"failed": self.name, "error": self.error}
+
+
+def run_group(plan, windows, window_seconds):
+    """Every row of `plan` alive at once, timing `windows` rounds of one window each, in turn.
+
+    The order rotates from round to round, so no row always follows the same
+    one. Only one row computes at a time while windows are timed.
+    """
+    rows = [ConductedRow(arguments, window_seconds) for arguments in plan]
+    print(f"  starting {len(rows)} rows, {PARALLEL_STARTS} at a time", flush=True)
+    with concurrent.futures.ThreadPoolExecutor(PARALLEL_STARTS) as pool:
+        list(pool.map(lambda row: row.start(), rows))
+    for round_index in range(windows):
+        order = rows[round_index % len(rows):] + rows[: round_index % len(rows)]
+        for row in order:
+            if row.error is None:
+                rate = row.window()
+                if rate is not None:
+                    print(f"  round {round_index + 1}: {row.name}: {rate:,.1f}/s", flush=True)
+    return [row.finish() for row in rows]
 
 
 def versions():
@@ -137,7 +229,9 @@ def render(results, header):
             'The "small" configuration: vocabularies 8000/8000, d_model 256, 3 + 3 layers, 8 heads, d_ff 512,',
             "dropout 0.1, batches of 64 sentences x 32 source x 32 target tokens (random ids, no padding),",
             "Adam, cross-entropy on float32 logits. Target tokens per second in steady state: the first steps",
-            "(tracing, compilation) are excluded, then the median of 3 windows of at least 10 s. Model",
+            "(tracing, compilation) are excluded, then the median of 3 windows of at least 10 s, timed in",
+            "rounds: each row of a group (without XLA and PyTorch; with XLA) times one window, one row at a",
+            "time, every round, and each window follows one untimed step. Model",
             "GFLOP/s counts matmul FLOPs only (formula below); \"% of peak\" divides it by the best matmul",
             "GFLOP/s this machine reached at the model's own shapes in the same dtype (roofline table).",
             "",
@@ -177,7 +271,7 @@ def render(results, header):
             "",
             "Greedy decoding of a batch of 32 random source sentences of 32 tokens, exactly 32 new tokens",
             "each (the end token is never produced), float32, untrained weights; sentences per second, median",
-            "of 3 windows of at least 5 s after warm-up. Beam search keeps its default of also following the",
+            "of 3 windows of at least 5 s after warm-up, timed in rounds as above. Beam search keeps its default of also following the",
             "greedy path (so it never returns a worse-scoring translation than greedy).",
             "",
             "| decoder | search | key/value cache | jit_compile | sentences/s | vs keras-hub cached | peak memory (MiB) |",
@@ -294,29 +388,27 @@ def main():
     args = parser.parse_args()
 
     torch_available = has_module("torch")
-    plan = []
-    if args.only in (None, "roofline"):
-        plan.append(["roofline"])
+    groups = []
     if args.only in (None, "train"):
-        plan += training_rows(torch_available)
+        groups += [("train", group) for group in training_groups(torch_available)]
     if args.only in (None, "decode"):
-        plan += DECODING_ROWS
-    if args.only is None:
-        # The machine's speed drifts over a run; the roofline is taken at both
-        # ends and the better figure kept, so "% of peak" is not flattered.
-        plan.append(["roofline"])
-    train_timing = ["--windows", "1", "--window-seconds", "2"] if args.quick else ["--windows", "3", "--window-seconds", "10"]
-    decode_timing = ["--windows", "1", "--window-seconds", "2"] if args.quick else ["--windows", "3", "--window-seconds", "5"]
+        groups.append(("decode", DECODING_ROWS))
+    windows = 1 if args.quick else 3
+    window_seconds = {"train": 2 if args.quick else 10, "decode": 2 if args.quick else 5}
 
     started = time.perf_counter()
     results = []
-    for index, arguments in enumerate(plan, 1):
-        print(f"[{index}/{len(plan)}] {' '.join(arguments)}", flush=True)
-        timing = decode_timing if arguments[0] == "decode" else train_timing if arguments[0] == "train" else []
-        row = run_row(arguments, timing)
-        results.append(row)
-        summary = {k: row[k] for k in ("tokens_per_s", "sentences_per_s", "peak_memory_mib") if k in row}
-        print(f"    {json.dumps(summary)}", flush=True)
+    if args.only in (None, "roofline"):
+        print("roofline", flush=True)
+        results.append(run_row(["roofline"]))
+    for index, (kind, plan) in enumerate(groups, 1):
+        print(f"[group {index}/{len(groups)}] {len(plan)} {kind} rows", flush=True)
+        results += run_group(plan, windows, window_seconds[kind])
+    if args.only is None:
+        # The machine's speed drifts over a run; the roofline is taken at both
+        # ends and the better figure kept, so "% of peak" is not flattered.
+        print("roofline again", flush=True)
+        results.append(run_row(["roofline"]))
     minutes = (time.perf_counter() - started) / 60
     results = merge_rooflines(results)
 
@@ -326,7 +418,7 @@ def main():
         "versions": ", ".join(f"{name} {version}" for name, version in versions().items()),
         "command": "`make bench` (`python benchmarks/suite.py" + (" --quick" if args.quick else "") + "`)"
         + ("" if torch_available else "; torch not installed, so no PyTorch rows"),
-        "duration": f"{minutes:.1f} minutes for all rows, one after another",
+        "duration": f"{minutes:.1f} minutes",
     }
     if args.quick:
         header["note"] = "**--quick run: one 2-second window per row; not figures to quote.**"

@@ -325,14 +325,30 @@ def _update_metrics(run_dir, update):
     return metrics
 
 
+def _load_trained_model(run_dir, config, source_vocab_size, target_vocab_size):
+    """`model.keras` once training has finished; before that, the best checkpoint so far.
+
+    So a run that is still training (or was killed) can be evaluated and
+    tried out without stopping it.
+    """
+    model_path = os.path.join(run_dir, "model.keras")
+    if os.path.exists(model_path):
+        return keras.saving.load_model(model_path, compile=False)
+    checkpoint = os.path.join(run_dir, "checkpoints", "best.weights.h5")
+    if not os.path.exists(checkpoint):
+        raise FileNotFoundError(f"{run_dir} has neither model.keras nor a checkpoint: has its first epoch finished?")
+    logger.warning("%s has no model.keras (training not finished): using %s", run_dir, checkpoint)
+    model = build_model(config["model"], source_vocab_size, target_vocab_size, config["training"]["max_length"])
+    model.build(((None, None), (None, None)))
+    model.load_weights(checkpoint)
+    return model
+
+
 def load_translator(run_dir, beam_size=None, length_alpha=None, max_extra_length=None, max_output_length=None):
     """The run's model and tokenizers as a `Translator` (settings default to the config's)."""
     config = load_config(run_dir)
-    model_path = os.path.join(run_dir, "model.keras")
-    if not os.path.exists(model_path):
-        raise FileNotFoundError(f"{run_dir} has no model.keras: has training finished?")
-    model = keras.saving.load_model(model_path, compile=False)
     source_tokenizer, target_tokenizer = load_tokenizers(run_dir, config)
+    model = _load_trained_model(run_dir, config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
     settings = config["evaluation"]
     return inference.Translator(
         model,

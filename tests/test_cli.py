@@ -9,7 +9,7 @@ import time
 import pytest
 
 from helpers import CLI, ENV, TINY_MODEL, check_run_directory, cli
-from keras_transformer import data
+from keras_transformer import data, runs
 
 
 @pytest.mark.slow
@@ -49,6 +49,9 @@ def test_a_killed_run_resumes_at_the_next_epoch(tmp_path):
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert (run / "backup").exists() and not (run / "model.keras").exists()
+    # Until training finishes, the run translates with its best checkpoint so far.
+    checkpoint_translation = runs.translate(run, ["the dog sees a cat ."], beam_size=1)
+    assert len(checkpoint_translation) == 1 and checkpoint_translation[0].strip()
 
     result = cli(*arguments)
     assert "Epoch 2/2" in result.stdout and "Epoch 1/2" not in result.stdout
