@@ -41,6 +41,19 @@ def build_optimizer(name, learning_rate=1e-4):
     return keras.optimizers.Adam(learning_rate)
 
 
+def build_loss(name):
+    """Cross-entropy from logits, no label smoothing: each library's own where it has one.
+
+    Ours is `MaskedSparseCrossEntropy` (it also skips padding, which these
+    batches have none of); the others use Keras' sparse cross-entropy.
+    """
+    if name == "keras_transformer":
+        from keras_transformer.training import MaskedSparseCrossEntropy
+
+        return MaskedSparseCrossEntropy(label_smoothing=0.0)
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
 def _ours(config):
     from keras_transformer.models import Transformer
 

@@ -19,7 +19,7 @@ import tempfile
 import numpy as np
 
 from config import KERAS_CONTENDERS, SMALL
-from contenders import build_keras_model, build_optimizer
+from contenders import build_keras_model, build_loss, build_optimizer
 from rows import random_batches
 
 
@@ -80,7 +80,7 @@ def main():
     model = build_keras_model(args.model)
     model.compile(
         optimizer=build_optimizer(args.model),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        loss=build_loss(args.model),
     )
     sources, inputs, outputs = (np.stack(parts) for parts in zip(*random_batches(SMALL)))
     dataset = tf.data.Dataset.from_tensor_slices(((sources, inputs), outputs)).repeat()

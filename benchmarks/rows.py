@@ -79,7 +79,7 @@ def _train_keras(args, config, batches, windows):
     import keras
     import tensorflow as tf
 
-    from contenders import build_keras_model, build_optimizer
+    from contenders import build_keras_model, build_loss, build_optimizer
 
     if args.dtype == "bfloat16":
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
@@ -87,7 +87,7 @@ def _train_keras(args, config, batches, windows):
     model = build_keras_model(args.model, config)
     model.compile(
         optimizer=build_optimizer(args.model),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        loss=build_loss(args.model),
         jit_compile=args.jit,
     )
     sources, inputs, outputs = (np.stack(parts) for parts in zip(*batches))

@@ -235,16 +235,17 @@ def render(results, header):
             "GFLOP/s counts matmul FLOPs only (formula below); \"% of peak\" divides it by the best matmul",
             "GFLOP/s this machine reached at the model's own shapes in the same dtype (roofline table).",
             "",
-            "| model | dtype | jit_compile | tokens/s | vs keras-hub float32 | model GFLOP/s | % of matmul peak | peak memory (MiB) | optimizer |",
+            "| model | dtype | jit_compile | tokens/s | vs keras-hub float32 | model GFLOP/s | % of matmul peak | peak memory (MiB) | optimizer, loss |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for row in train:
             peak = _peak(roofline, row["dtype"]) if roofline else None
             ratio = f"{row['tokens_per_s'] / baseline['tokens_per_s']:.2f}x" if baseline else "n/a"
             share = f"{100 * row['model_gflops'] / peak:.0f}%" if peak else "n/a"
-            optimizer = {"keras_transformer": "`FusedAdam` (ours)", "torch": "`torch.optim.Adam`"}.get(
-                row["model"], "`keras.optimizers.Adam`"
-            )
+            optimizer = {
+                "keras_transformer": "`FusedAdam`, `MaskedSparseCrossEntropy` (ours)",
+                "torch": "`torch.optim.Adam`, `cross_entropy`",
+            }.get(row["model"], "`keras.optimizers.Adam`, `SparseCategoricalCrossentropy`")
             jit = "n/a (eager)" if row["model"] == "torch" else ("yes" if row["jit"] else "no")
             dtype = row["dtype"] if row["dtype"] == "float32" else (
                 "bfloat16 autocast" if row["model"] == "torch" else "mixed_bfloat16"

@@ -44,6 +44,35 @@ def test_label_smoothed_loss_matches_its_formula():
     np.testing.assert_allclose(loss, np.mean(per_token), rtol=1e-5)
 
 
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_hand_written_loss_gradient_matches_automatic_differentiation(label_smoothing):
+    """The loss's value and gradient equal the straightforward log-softmax formula, autodiffed."""
+    import tensorflow as tf
+
+    labels = tf.constant([[4, 2, 7, 0, 8], [1, 1, 3, 5, 0]])
+    logits = random_logits((2, 5, 9))
+    logits[1, 2, 3] += 200.0  # far apart: exp would overflow, a naive softmax underflows
+    logits = tf.constant(logits)
+    weights = tf.constant(np.random.default_rng(2).uniform(size=(2, 5)).astype("float32"))
+
+    def straightforward(logits):
+        log_probs = tf.nn.log_softmax(logits)
+        picked = tf.gather(log_probs, labels, batch_dims=2)
+        return -((1 - label_smoothing) * picked + label_smoothing * tf.reduce_mean(log_probs, -1))
+
+    values, gradients = [], []
+    for function in (straightforward, lambda x: training.token_cross_entropy(labels, x, label_smoothing)):
+        with tf.GradientTape() as tape:
+            tape.watch(logits)
+            per_token = function(logits)
+            total = tf.reduce_sum(per_token * weights)  # a different upstream gradient per position
+        values.append(per_token.numpy())
+        gradients.append(tape.gradient(total, logits).numpy())
+    assert np.all(np.isfinite(values[1])) and np.all(np.isfinite(gradients[1]))
+    np.testing.assert_allclose(values[1], values[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gradients[1], gradients[0], atol=1e-6)
+
+
 def test_loss_ignores_padding():
     loss = training.MaskedSparseCrossEntropy()
     labels = np.array([[4, 2, 7, 3, 0], [5, 3, 0, 0, 0]])
