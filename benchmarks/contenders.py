@@ -16,7 +16,7 @@ import math
 import keras
 from keras import ops
 
-from config import KERAS_CONTENDERS, SMALL, sinusoids
+from config import SMALL, sinusoids
 
 
 

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from keras_transformer import data, models, text, training
 from keras_transformer.callbacks import EmbeddingProjectorLogger
-from keras_transformer.runs import merge_config
+from keras_transformer.runs import start_run
 
 logger = logging.getLogger("keras_transformer")
 
@@ -50,6 +50,9 @@ DEFAULT_CONFIG = {
         "learning_rate_scale": 1.0,
         "steps_per_epoch": None,
         "early_stopping": None,
+        # The checkpoint kept (and early stopping) follow validation accuracy:
+        # a classifier's loss can rise while it gets more examples right.
+        "monitor": "val_accuracy",
         "strategy": "auto",
         "cpu_replicas": None,
         "precision": "float32",
@@ -106,18 +109,8 @@ def _save_json(path, content):
 
 def train_classifier(config, run_dir, verbose=1):
     """Train (or resume) a classification run in `run_dir`; returns the metrics dict."""
-    os.makedirs(run_dir, exist_ok=True)
-    config_path = os.path.join(run_dir, "config.json")
-    if os.path.exists(config_path):
-        with open(config_path, encoding="utf-8") as file:
-            config = merge_config(DEFAULT_CONFIG, json.load(file))
-    else:
-        config = merge_config(DEFAULT_CONFIG, config)
-        _save_json(config_path, config)
+    config, strategy = start_run(run_dir, config, DEFAULT_CONFIG)
     settings = config["training"]
-    keras.utils.set_random_seed(settings["seed"])
-    training.set_precision(settings["precision"])
-    strategy = training.make_strategy(settings["strategy"], settings["cpu_replicas"])
     examples = load_examples(config["data"])
 
     vocab_dir = os.path.join(run_dir, "vocab")
@@ -157,7 +150,7 @@ def train_classifier(config, run_dir, verbose=1):
         )
     logger.info("model: %d parameters, %d replica(s)", model.count_params(), replicas)
 
-    callbacks = training.training_callbacks(run_dir, settings["early_stopping"])
+    callbacks = training.training_callbacks(run_dir, settings["early_stopping"], monitor=settings["monitor"])
     sample = examples["val"][: settings["projector_samples"]]
     if len(sample) >= 3:
         sample_texts = [example_text for example_text, _ in sample]

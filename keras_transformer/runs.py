@@ -212,26 +212,38 @@ def load_config(run_dir):
     return merge_config(DEFAULT_CONFIG, _load_json(path))
 
 
+def start_run(run_dir, config, defaults):
+    """Create or reopen `run_dir`; returns its config and the distribution strategy.
+
+    A new run saves its config (the defaults merged with `config`); an
+    existing one continues with the config it saved, whatever `config`
+    says, so that a resumed run trains exactly as it began. Seeds, precision
+    and strategy are set from that config.
+    """
+    os.makedirs(run_dir, exist_ok=True)
+    config_path = os.path.join(run_dir, "config.json")
+    if os.path.exists(config_path):
+        saved = _load_json(config_path)
+        if saved != merge_config(defaults, config):
+            logger.warning("%s holds a run with another config; continuing with the saved one", run_dir)
+        config = merge_config(defaults, saved)
+    else:
+        config = merge_config(defaults, config)
+        _save_json(config_path, config)
+    settings = config["training"]
+    keras.utils.set_random_seed(settings["seed"])
+    training.set_precision(settings["precision"])
+    return config, training.make_strategy(settings["strategy"], settings["cpu_replicas"])
+
+
 def train(config, run_dir, verbose=1):
     """Train (or resume) a translation run in `run_dir`; returns the metrics dict.
 
     Rerunning with the same `run_dir` after an interruption resumes at the
     epoch after the last one completed.
     """
-    os.makedirs(run_dir, exist_ok=True)
-    config_path = os.path.join(run_dir, "config.json")
-    if os.path.exists(config_path):
-        saved = _load_json(config_path)
-        if saved != merge_config(DEFAULT_CONFIG, config):
-            logger.warning("%s holds a run with another config; continuing with the saved one", run_dir)
-        config = merge_config(DEFAULT_CONFIG, saved)
-    else:
-        config = merge_config(DEFAULT_CONFIG, config)
-        _save_json(config_path, config)
+    config, strategy = start_run(run_dir, config, DEFAULT_CONFIG)
     settings = config["training"]
-    keras.utils.set_random_seed(settings["seed"])
-    training.set_precision(settings["precision"])
-    strategy = training.make_strategy(settings["strategy"], settings["cpu_replicas"])
 
     replicas = strategy.num_replicas_in_sync
     pairs = load_pairs(config["data"], ("train", "val"))

@@ -4,7 +4,6 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from keras import ops
 
 import keras_transformer as kt
 from keras_transformer import training
@@ -47,8 +46,6 @@ def test_label_smoothed_loss_matches_its_formula():
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
 def test_hand_written_loss_gradient_matches_automatic_differentiation(label_smoothing):
     """The loss's value and gradient equal the straightforward log-softmax formula, autodiffed."""
-    import tensorflow as tf
-
     labels = tf.constant([[4, 2, 7, 0, 8], [1, 1, 3, 5, 0]])
     logits = random_logits((2, 5, 9))
     logits[1, 2, 3] += 200.0  # far apart: exp would overflow, a naive softmax underflows

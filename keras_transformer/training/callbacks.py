@@ -19,19 +19,20 @@ class LearningRateLogger(keras.callbacks.Callback):
         logs["learning_rate"] = float(ops.convert_to_numpy(rate))
 
 
-def training_callbacks(run_dir, early_stopping_patience=None, tensorboard=True):
+def training_callbacks(run_dir, early_stopping_patience=None, tensorboard=True, monitor="val_loss"):
     """The standard set: checkpoint the best model, resume after a kill, log, stop on NaN.
 
     Writes `checkpoints/best.weights.h5`, `backup/` (BackupAndRestore),
     `logs/` (TensorBoard: loss, accuracy, perplexity, learning rate) and
-    `history.csv` inside `run_dir`.
+    `history.csv` inside `run_dir`. "Best" and early stopping follow
+    `monitor` (lower is better for a loss, higher for an accuracy).
     """
     callbacks = [
         keras.callbacks.TerminateOnNaN(),
         LearningRateLogger(),
         keras.callbacks.ModelCheckpoint(
             os.path.join(run_dir, "checkpoints", "best.weights.h5"),
-            monitor="val_loss",
+            monitor=monitor,
             save_best_only=True,
             save_weights_only=True,
         ),
@@ -43,7 +44,7 @@ def training_callbacks(run_dir, early_stopping_patience=None, tensorboard=True):
     if early_stopping_patience:
         callbacks.append(
             keras.callbacks.EarlyStopping(
-                monitor="val_loss", patience=early_stopping_patience, restore_best_weights=True
+                monitor=monitor, patience=early_stopping_patience, restore_best_weights=True
             )
         )
     return callbacks
