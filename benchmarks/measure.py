@@ -81,8 +81,11 @@ class ConductedWindows(SteadyStateWindows):
     so it takes no CPU from the row being timed.
     """
 
-    def __init__(self, units_per_step, window_seconds=10.0, commands=None, reports=None, **warmup):
-        super().__init__(units_per_step, windows=0, window_seconds=window_seconds, **warmup)
+    def __init__(self, units_per_step, window_seconds=10.0, commands=None, reports=None, warmup_steps=2, warmup_seconds=0.0):
+        # A short warm-up (tracing, first runs): every window follows its own untimed step anyway.
+        super().__init__(
+            units_per_step, windows=0, window_seconds=window_seconds, warmup_steps=warmup_steps, warmup_seconds=warmup_seconds
+        )
         self.commands = commands or sys.stdin
         self.reports = reports or sys.stdout
         self._finished = False
