@@ -1,0 +1,77 @@
+"""The benchmark harness: windows timed when the conductor says so, and the goals read from results."""
+
+import io
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+from measure import ConductedWindows  # noqa: E402
+import suite  # noqa: E402
+
+
+def run_steps(windows, step_seconds):
+    steps = 0
+    while not windows.step_done():
+        time.sleep(step_seconds)
+        steps += 1
+    return steps
+
+
+def test_conducted_windows_time_one_window_per_command():
+    commands = io.StringIO("window\nwindow\nfinish\n")
+    reports = io.StringIO()
+    windows = ConductedWindows(units_per_step=10, window_seconds=0.05, commands=commands, reports=reports)
+    run_steps(windows, step_seconds=0.01)
+    messages = [json.loads(line[len("BENCH "):]) for line in reports.getvalue().splitlines()]
+    assert messages[0] == {"ready": True}
+    rates = [message["window_rate"] for message in messages[1:]]
+    assert len(rates) == 2 and windows.done
+    # ~10 units per ~0.01 s step: 1000/s at most (sleeps overshoot, never undershoot).
+    assert all(200 < rate <= 1000 * 1.01 for rate in rates)
+    # Each window is a whole number of steps, after an untimed re-warm step.
+    assert all(steps >= 5 for steps in windows.window_steps)
+    assert windows.result()["rate"] == statistics.median(rates)
+
+
+def test_conducted_windows_stop_when_the_conductor_is_gone():
+    windows = ConductedWindows(units_per_step=1, window_seconds=0.01, commands=io.StringIO(""), reports=io.StringIO())
+    run_steps(windows, step_seconds=0.001)
+    assert windows.done and windows.rates == []
+
+
+def train_row(model, dtype, tokens_per_s, jit=False):
+    return {"kind": "train", "model": model, "dtype": dtype, "jit": jit, "tokens_per_s": tokens_per_s,
+            "model_gflops": tokens_per_s / 2048 * 75.3, "peak_memory_mib": 1000.0}
+
+
+def decode_row(model, sentences_per_s, cache=True, jit=False):
+    return {"kind": "decode", "model": model, "dtype": "float32", "search": "greedy", "cache": cache, "jit": jit,
+            "sentences_per_s": sentences_per_s, "peak_memory_mib": 900.0}
+
+
+def test_the_report_states_each_goal_as_met_or_not():
+    results = [
+        train_row("keras_hub", "float32", 2000.0),
+        train_row("keras_transformer", "float32", 2400.0),  # 1.20x: short of 1.25x
+        train_row("keras_transformer", "bfloat16", 4100.0),  # 2.05x: met
+        decode_row("keras_hub", 60.0),
+        decode_row("keras_transformer", 90.0),  # 1.5x: short of 2x
+        decode_row("keras_transformer", 15.0, cache=False),  # cached is 6x: met
+        {"kind": "roofline", "matmuls": {
+            "float32/output projection": {"shape": [2048, 256, 8000], "gflops": 150.0},
+            "bfloat16/output projection": {"shape": [2048, 256, 8000], "gflops": 360.0},
+        }},
+    ]
+    report = suite.render(results, {"date": "today"})
+    goals = {line.split(" | ")[0].lstrip("| "): line for line in report.splitlines() if ">=" in line and line.startswith("|")}
+    assert goals["Training float32 >= 1.25x the keras-hub model"].endswith("| 1.20x | **no** |")
+    assert goals["Training mixed bfloat16 >= 2x the keras-hub model's float32"].endswith("| 2.05x | yes |")
+    assert goals["Cached greedy >= 2x keras-hub's cached (both without XLA)"].endswith("| 1.50x | **no** |")
+    assert goals["Cached greedy >= 5x our own no-cache recompute"].endswith("| 6.0x | yes |")
+    # 2400 tokens/s is 88.3 model GFLOP/s: 59% of the 150 GFLOP/s peak.
+    assert goals["Training float32 >= 55% of the float32 matmul peak"].endswith("| 59% | yes |")
