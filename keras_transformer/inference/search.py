@@ -121,10 +121,17 @@ def _invariants(loop_vars, state_index, steps):
     return tuple(shapes)
 
 
-def _never_generate(log_probs, start_id):
-    """[PAD] and [START] are never outputs: give them no chance (probabilities unchanged otherwise)."""
-    vocab_size = tf.shape(log_probs)[-1]
-    forbidden = tf.reduce_any(tf.range(vocab_size)[:, None] == tf.stack([0, start_id])[None, :], axis=1)
+def _never_generated(model, start_id):
+    """`(vocab_size,)` bool, True at [PAD] and [START]: ids that are never outputs.
+
+    Built once per search, outside the step loop.
+    """
+    ids = tf.range(model.tgt_vocab_size)
+    return (ids == 0) | (ids == tf.cast(start_id, tf.int32))
+
+
+def _never_generate(log_probs, forbidden):
+    """Give the `forbidden` ids no chance (probabilities unchanged otherwise)."""
     return tf.where(forbidden, tf.cast(NEG_INF, log_probs.dtype), log_probs)
 
 
@@ -157,13 +164,14 @@ def greedy_search(
     limits, num_steps = _limits(model, source_ids, max_extra_length, max_output_length)
     memory = model.encode(source_ids)
     steps = _steps(use_cache)(model, memory, padding_mask(source_ids), num_steps)
+    forbidden = _never_generated(model, start_id)
 
     def not_done(step, finished, *_):
         return (step < num_steps) & ~tf.reduce_all(finished)
 
     def one_step(step, finished, state, last, tokens, log_prob_sum, lengths):
         log_probs, state = steps.log_probs(state, last, step)
-        log_probs = _never_generate(log_probs, start_id)
+        log_probs = _never_generate(log_probs, forbidden)
         chosen = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
         chosen = tf.where(finished, 0, chosen)
         chosen_log_prob = tf.gather(log_probs, chosen, batch_dims=1)
@@ -224,6 +232,7 @@ def beam_search(
     source_mask = padding_mask(source_ids)
     # Encode once, then give every beam its own copy of the sentence's context.
     steps = _steps(use_cache)(model, memory, source_mask, num_steps)
+    forbidden = _never_generated(model, start_id)
     repeat = lambda value: tf.repeat(value, beam_size, axis=0)  # noqa: E731
     steps.source_mask = repeat(source_mask)
     if use_cache:
@@ -242,7 +251,7 @@ def beam_search(
 
     def one_step(step, done, state, last, live, live_log_probs, final, final_scores, final_count):
         log_probs, state = steps.log_probs(state, last, step)
-        log_probs = tf.reshape(_never_generate(log_probs, start_id), [batch, beam_size, vocab_size])
+        log_probs = tf.reshape(_never_generate(log_probs, forbidden), [batch, beam_size, vocab_size])
         extensions = tf.reshape(live_log_probs[:, :, None] + log_probs, [batch, -1])
         top_log_probs, top = tf.math.top_k(extensions, k=candidates_kept)
         beam_index, tokens = top // vocab_size, top % vocab_size

@@ -109,20 +109,19 @@ def scaled_dot_product_attention(
     return outputs, weights
 
 
-def _write_cache(cache, keys, values, cache_index):
-    """Write new keys/values `(batch, heads, new, key_dim)` at `cache_index`.
+def _write_cache(cache, keys_values, cache_index):
+    """Write new keys/values `(2, batch, heads, new, key_dim)` at `cache_index`.
 
     A scatter of the new slots into the cache: one core op that TensorFlow
     runs in place of copying every slot through a select, that every
     TensorFlow Serving build has, and that XLA compiles (the slot positions
     are data, not shapes).
     """
-    updates = ops.stack([keys, values], axis=0)
-    parts, batch, heads, new_length = (ops.shape(updates)[axis] for axis in range(4))
+    parts, batch, heads, new_length = (ops.shape(keys_values)[axis] for axis in range(4))
     grids = ops.meshgrid(
         ops.arange(parts), ops.arange(batch), ops.arange(heads), ops.arange(new_length) + cache_index, indexing="ij"
     )
-    return ops.scatter_update(cache, ops.stack(grids, axis=-1), updates)
+    return ops.scatter_update(cache, ops.stack(grids, axis=-1), keys_values)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -242,36 +241,52 @@ class MultiHeadAttention(keras.layers.Layer):
     # puts heads on their own axis. The kernels keep their per-head shapes
     # (and checkpoints their layout); they are only viewed as 2-D here.
 
-    def _project(self, inputs, kernel, bias, parts):
-        """`inputs` (batch, length, d) -> `parts` tensors (batch, heads, length, head_dim)."""
+    def _project(self, inputs, kernel, bias, parts=1):
+        """`inputs` (batch, length, d) -> `(batch, heads, length, head_dim)`;
+        with `parts` > 1, that many such tensors stacked on a new leading axis."""
         width = parts * self.num_heads * self.head_dim
         projected = ops.matmul(inputs, ops.reshape(kernel, (-1, width)))
         if self.use_bias:
             projected = projected + ops.reshape(bias, (width,))
-        batch, length = ops.shape(inputs)[0], ops.shape(inputs)[1]
-        projected = ops.reshape(projected, (batch, length, parts, self.num_heads, self.head_dim))
+        # A static length (1 for a decoding step) spares the graph its shape arithmetic.
+        static_length = inputs.shape[1]
+        length = static_length if static_length is not None else ops.shape(inputs)[1]
+        heads, head_dim = self.num_heads, self.head_dim
+        if parts == 1 and static_length == 1:
+            # One position: putting heads before it moves no data, a reshape is enough.
+            return ops.reshape(projected, (-1, heads, 1, head_dim))
+        if parts == 1:
+            return ops.transpose(ops.reshape(projected, (-1, length, heads, head_dim)), (0, 2, 1, 3))
+        projected = ops.reshape(projected, (-1, length, parts, heads, head_dim))
+        return ops.transpose(projected, (2, 0, 3, 1, 4))
+
+    def _split(self, projected, parts):
         # Unstacking (not slicing) keeps the backward pass to one stack.
-        return ops.unstack(ops.transpose(projected, (2, 0, 3, 1, 4)), num=parts, axis=0)
+        return tuple(ops.unstack(projected, num=parts, axis=0))
 
     # Equation (1)'s 1/sqrt(d_k) is folded into W^Q (and its bias): scaling
-    # a d_model x d_model matrix is cheaper than scaling every query.
+    # a d_model x d_model matrix is cheaper than scaling every query, except
+    # in a decoding step, whose one query per sentence is the smaller.
 
     def _query_scale(self):
         return 1.0 / math.sqrt(self.head_dim)
 
-    def _project_queries(self, query):
+    def _project_queries(self, query, scale_outputs=False):
+        """Q W^Q / sqrt(d_k); `scale_outputs` scales the few queries of a decoding step instead of W^Q."""
         scale = ops.cast(self._query_scale(), self.compute_dtype)
-        bias = self._weight(self.query_bias) * scale if self.use_bias else None
-        return self._project(query, self._weight(self.query_kernel) * scale, bias, parts=1)[0]
+        kernel, bias = self._weight(self.query_kernel), self._weight(self.query_bias) if self.use_bias else None
+        if scale_outputs:
+            return self._project(query, kernel, bias) * scale
+        return self._project(query, kernel * scale, None if bias is None else bias * scale)
 
     def _project_keys_values(self, value, key=None):
         """`(keys, values)`, each `(batch, heads, length, head_dim)`."""
         kernel = self._weight(self.key_value_kernel)
         bias = self._weight(self.key_value_bias) if self.use_bias else None
         if key is None or key is value:
-            return tuple(self._project(value, kernel, bias, parts=2))
-        keys = self._project(key, kernel[:, 0], None if bias is None else bias[0], parts=1)[0]
-        values = self._project(value, kernel[:, 1], None if bias is None else bias[1], parts=1)[0]
+            return self._split(self._project(value, kernel, bias, parts=2), parts=2)
+        keys = self._project(key, kernel[:, 0], None if bias is None else bias[0])
+        values = self._project(value, kernel[:, 1], None if bias is None else bias[1])
         return keys, values
 
     def _project_self_attention(self, inputs):
@@ -281,14 +296,16 @@ class MultiHeadAttention(keras.layers.Layer):
         bias = None
         if self.use_bias:
             bias = ops.concatenate([self.query_bias[None] * scale, self.key_value_bias], axis=0)
-        return tuple(self._project(inputs, kernel, bias, parts=3))
+        return self._split(self._project(inputs, kernel, bias, parts=3), parts=3)
 
     def _combine_heads(self, attended):
         """Concat(head_1, ..., head_h) W^O: `(batch, heads, length, head_dim)` -> `(batch, length, d_model)`."""
-        batch, length = ops.shape(attended)[0], ops.shape(attended)[2]
-        concatenated = ops.reshape(
-            ops.transpose(attended, (0, 2, 1, 3)), (batch, length, self.num_heads * self.head_dim)
-        )
+        width = self.num_heads * self.head_dim
+        static_length = attended.shape[2]
+        length = static_length if static_length is not None else ops.shape(attended)[2]
+        if static_length != 1:  # one position: the transpose would move no data
+            attended = ops.transpose(attended, (0, 2, 1, 3))
+        concatenated = ops.reshape(attended, (-1, length, width))
         outputs = ops.matmul(concatenated, ops.reshape(self.output_kernel, (-1, self.output_dim)))
         if self.use_bias:
             outputs = outputs + self.output_bias
@@ -324,24 +341,32 @@ class MultiHeadAttention(keras.layers.Layer):
         cache=None,
         cache_index=None,
     ):
-        queries = None
+        queries, new_keys_values = None, None
         if cache is not None and cache_index is None:
             # Cross-attention on a precomputed context: nothing to project.
             keys, values = cache[0], cache[1]
         elif cache is not None and (value is None or value is query) and key is None:
-            # A decoding step: a token or a few. Separate Q and K/V matmuls
-            # spare the per-step concatenation of [W^Q W^K W^V].
-            keys, values = self._project_keys_values(query)
+            # A decoding step: a token or a few. Q, K and V come from separate
+            # matmuls: no per-step concatenation of [W^Q W^K W^V], and K and V
+            # reach the cache's (2, batch, heads, length, key_dim) layout
+            # without a transpose.
+            kernels = ops.unstack(self._weight(self.key_value_kernel), num=2, axis=1)
+            biases = ops.unstack(self._weight(self.key_value_bias), num=2) if self.use_bias else (None, None)
+            new_keys_values = ops.stack(
+                [self._project(query, kernel, bias) for kernel, bias in zip(kernels, biases)], axis=0
+            )
         elif value is None or (value is query and key is None):
             queries, keys, values = self._project_self_attention(query)
         else:
             keys, values = self._project_keys_values(value, key)
         if queries is None:
-            queries = self._project_queries(query)
+            queries = self._project_queries(query, scale_outputs=cache is not None)
 
         offset, valid_key_length = 0, None
         if cache is not None and cache_index is not None:
-            cache = _write_cache(cache, keys, values, cache_index)
+            if new_keys_values is None:
+                new_keys_values = ops.stack([keys, values], axis=0)
+            cache = _write_cache(cache, new_keys_values, cache_index)
             keys, values = cache[0], cache[1]
             offset = cache_index
             valid_key_length = cache_index + ops.shape(query)[1]
