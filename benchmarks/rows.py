@@ -90,6 +90,11 @@ def _train_keras(args, config, batches, windows):
         loss=build_loss(args.model),
         jit_compile=args.jit,
     )
+    # Every Keras row makes its weights and Adam's moments before `fit`; left
+    # to fit, they are created while its first step is traced, ~10 s slower.
+    if not model.built:
+        model.build(((None, None), (None, None)))
+    model.optimizer.build(model.trainable_variables)
     sources, inputs, outputs = (np.stack(parts) for parts in zip(*batches))
     dataset = (
         tf.data.Dataset.from_tensor_slices(((sources, inputs), outputs))

@@ -148,6 +148,7 @@ def train_classifier(config, run_dir, verbose=1):
             metrics=["accuracy"],
             jit_compile=settings["jit_compile"],
         )
+        training.build_optimizer_variables(model)
     logger.info("model: %d parameters, %d replica(s)", model.count_params(), replicas)
 
     callbacks = training.training_callbacks(run_dir, settings["early_stopping"], monitor=settings["monitor"])

@@ -190,6 +190,7 @@ def compile_model(model, training_config):
         metrics=[training.MaskedAccuracy(), training.Perplexity()],
         jit_compile=training_config["jit_compile"],
     )
+    training.build_optimizer_variables(model)
 
 
 # -- the three commands -------------------------------------------------------

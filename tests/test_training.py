@@ -155,3 +155,36 @@ def test_strategy_and_precision_names():
         training.set_precision("float8")
     training.set_precision("mixed_bfloat16")
     assert keras.config.dtype_policy().name == "mixed_bfloat16"
+
+
+def _compiled_small_model():
+    keras.utils.set_random_seed(3)
+    model = kt.models.Transformer(**SMALL)
+    model.build(((None, None), (None, None)))
+    model.compile(optimizer=training.transformer_optimizer(d_model=16), loss=training.MaskedSparseCrossEntropy(0.1))
+    return model
+
+
+def test_optimizer_variables_built_before_fit_train_the_same_weights():
+    rng = np.random.default_rng(0)
+    sources = rng.integers(1, 30, (8, 6)).astype("int32")
+    targets = rng.integers(1, 40, (8, 7)).astype("int32")
+    trained = []
+    for build_first in (False, True):
+        model = _compiled_small_model()
+        if build_first:
+            training.build_optimizer_variables(model)
+            assert len(model.optimizer.variables) > 2 * len(model.trainable_variables)
+        model.fit((sources, targets[:, :-1]), targets[:, 1:], batch_size=4, epochs=2, verbose=0, shuffle=False)
+        trained.append(model.get_weights())
+    for lazily_built, built_first in zip(*trained):
+        np.testing.assert_allclose(built_first, lazily_built, rtol=1e-5, atol=1e-6)
+
+
+def test_optimizer_variables_need_a_built_compiled_model():
+    with pytest.raises(ValueError, match="needs a built model"):
+        training.build_optimizer_variables(kt.models.Transformer(**SMALL))
+    model = kt.models.Transformer(**SMALL)
+    model.build(((None, None), (None, None)))
+    with pytest.raises(ValueError, match="needs a compiled model"):
+        training.build_optimizer_variables(model)

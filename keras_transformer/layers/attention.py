@@ -247,7 +247,10 @@ class MultiHeadAttention(keras.layers.Layer):
         width = parts * self.num_heads * self.head_dim
         projected = ops.matmul(inputs, ops.reshape(kernel, (-1, width)))
         if self.use_bias:
-            projected = projected + ops.reshape(bias, (width,))
+            # `ops.add` of a bias vector is TensorFlow's BiasAdd, which oneDNN
+            # fuses into the matmul and whose gradient is one BiasAddGrad (a
+            # plain `+` broadcasts, and its gradient is a general reduction).
+            projected = ops.add(projected, ops.reshape(bias, (width,)))
         # A static length (1 for a decoding step) spares the graph its shape arithmetic.
         static_length = inputs.shape[1]
         length = static_length if static_length is not None else ops.shape(inputs)[1]
@@ -308,7 +311,7 @@ class MultiHeadAttention(keras.layers.Layer):
         concatenated = ops.reshape(attended, (-1, length, width))
         outputs = ops.matmul(concatenated, ops.reshape(self.output_kernel, (-1, self.output_dim)))
         if self.use_bias:
-            outputs = outputs + self.output_bias
+            outputs = ops.add(outputs, self.output_bias)
         return outputs
 
     def compute_cache(self, value, key=None):

@@ -10,7 +10,7 @@ from keras_transformer.training.distribution import (
 )
 from keras_transformer.training.losses import MaskedSparseCrossEntropy, token_cross_entropy
 from keras_transformer.training.metrics import MaskedAccuracy, Perplexity
-from keras_transformer.training.optimizers import FusedAdam
+from keras_transformer.training.optimizers import FusedAdam, build_optimizer_variables
 from keras_transformer.training.schedule import TransformerSchedule, transformer_optimizer
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "Perplexity",
     "STRATEGIES",
     "TransformerSchedule",
+    "build_optimizer_variables",
     "make_strategy",
     "set_precision",
     "split_cpu",

@@ -66,3 +66,26 @@ class FusedAdam(keras.optimizers.Adam):
             grad=ops.cast(gradient, dtype),
             use_locking=False,
         )
+
+
+def build_optimizer_variables(model):
+    """Create the compiled optimizer's variables (Adam's moments) now, eagerly.
+
+    On a single device, Keras' `fit` leaves them to the tracing of its first
+    training step, where every variable created inside the `tf.function` costs
+    a lifted initializer and the step is traced twice: about 10 of the first
+    step's 20 s for the "small" Transformer on a 2-core CPU. Made here, they
+    take about a second. Call it after `compile`, on a built model, inside the
+    strategy's scope when there is one.
+
+    Example:
+    >>> model.build(((None, None), (None, None)))
+    >>> model.compile(optimizer=FusedAdam(), loss=MaskedSparseCrossEntropy())
+    >>> build_optimizer_variables(model)
+    """
+    if not model.built:
+        raise ValueError("build_optimizer_variables needs a built model: call model.build(...) first")
+    if getattr(model, "optimizer", None) is None:
+        raise ValueError("build_optimizer_variables needs a compiled model: call model.compile(...) first")
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
