@@ -151,8 +151,10 @@ def run_group(plan, windows, window_seconds):
     """
     rows = [ConductedRow(arguments, window_seconds) for arguments in plan]
     print(f"  starting {len(rows)} rows, {PARALLEL_STARTS} at a time", flush=True)
+    started = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(PARALLEL_STARTS) as pool:
         list(pool.map(lambda row: row.start(), rows))
+    print(f"  all started and warm in {time.perf_counter() - started:.0f} s", flush=True)
     for round_index in range(windows):
         order = rows[round_index % len(rows):] + rows[: round_index % len(rows)]
         for row in order:

@@ -48,6 +48,7 @@ DEFAULT_CONFIG = {
         "batch_size": 64,
         "warmup_steps": 1000,
         "learning_rate_scale": 1.0,
+        "weight_decay": None,  # AdamW's decoupled decay of weight matrices, e.g. 0.1
         "steps_per_epoch": None,
         "early_stopping": None,
         # The checkpoint kept (and early stopping) follow validation accuracy:
@@ -142,7 +143,10 @@ def train_classifier(config, run_dir, verbose=1):
         model.build((None, None))
         model.compile(
             optimizer=training.transformer_optimizer(
-                config["model"]["d_model"], settings["warmup_steps"], settings["learning_rate_scale"]
+                config["model"]["d_model"],
+                settings["warmup_steps"],
+                settings["learning_rate_scale"],
+                weight_decay=settings["weight_decay"],
             ),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],

@@ -188,3 +188,21 @@ def test_optimizer_variables_need_a_built_compiled_model():
     model.build(((None, None), (None, None)))
     with pytest.raises(ValueError, match="needs a compiled model"):
         training.build_optimizer_variables(model)
+
+
+def test_weight_decay_shrinks_weight_matrices_but_not_biases_or_norms():
+    model = kt.models.TransformerClassifier(
+        vocab_size=50, num_classes=2, max_length=10, num_layers=1, d_model=16, num_heads=2, d_ff=32
+    )
+    model.build((None, None))
+    optimizer = training.transformer_optimizer(d_model=16, warmup_steps=10, weight_decay=0.1)
+    before = {variable.path: variable.numpy().copy() for variable in model.trainable_variables}
+    shrink = 1.0 - float(optimizer.learning_rate) * 0.1  # the first step's learning rate
+    # A zero gradient: Adam moves nothing, so every change is the decay.
+    optimizer.apply_gradients([(tf.zeros_like(variable), variable) for variable in model.trainable_variables])
+    for variable in model.trainable_variables:
+        kept = any(part in variable.path for part in ("bias", "gamma", "beta"))
+        expected = before[variable.path] * (1.0 if kept else shrink)
+        np.testing.assert_allclose(variable.numpy(), expected, rtol=1e-6, err_msg=variable.path)
+    with pytest.raises(ValueError, match="weight_decay must be a non-negative number"):
+        training.transformer_optimizer(d_model=16, weight_decay=-0.1)

@@ -47,12 +47,24 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return {"d_model": self.d_model, "warmup_steps": self.warmup_steps, "scale": self.scale}
 
 
-def transformer_optimizer(d_model, warmup_steps=4000, scale=1.0, clipnorm=None):
-    """Adam(0.9, 0.98, 1e-9) on the warm-up schedule, as in the paper (fused: see `optimizers`)."""
-    return FusedAdam(
+def transformer_optimizer(d_model, warmup_steps=4000, scale=1.0, clipnorm=None, weight_decay=None):
+    """Adam(0.9, 0.98, 1e-9) on the warm-up schedule, as in the paper (fused: see `optimizers`).
+
+    `weight_decay` (not in the paper) adds decoupled weight decay (AdamW,
+    Loshchilov & Hutter): each step shrinks the weight matrices and
+    embeddings by learning_rate * weight_decay of themselves; biases and
+    LayerNorm gains and offsets are left alone.
+    """
+    if weight_decay is not None and not weight_decay >= 0:
+        raise ValueError(f"weight_decay must be a non-negative number, got {weight_decay!r}")
+    optimizer = FusedAdam(
         learning_rate=TransformerSchedule(d_model, warmup_steps, scale),
         beta_1=0.9,
         beta_2=0.98,
         epsilon=1e-9,
         clipnorm=clipnorm,
+        weight_decay=weight_decay or None,
     )
+    if weight_decay:
+        optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
+    return optimizer
