@@ -58,8 +58,9 @@ DECODING_ROWS = [
 ]
 
 # Rows start (import, build, trace, warm up) this many at a time, while no
-# row is being timed: start-up is mostly one Python thread per process.
-PARALLEL_STARTS = max(1, min(2, os.cpu_count() or 1))
+# row is being timed: start-up is mostly one Python thread per process, so
+# one more process than there are cores keeps the cores busy.
+PARALLEL_STARTS = max(1, min(3, (os.cpu_count() or 1) + 1))
 
 
 def has_module(name):
