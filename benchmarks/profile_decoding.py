@@ -10,14 +10,13 @@ as `profile_training.py` counts it).
 """
 
 import argparse
-import collections
 import tempfile
 import time
 
 import numpy as np
 
 from config import SMALL
-from profile_training import op_times
+from profile_training import by_op_type, op_times, print_shares
 from rows import DECODE_BATCH, DECODE_SOURCE_LENGTH, _keras_hub_decoder, _our_decoder
 
 
@@ -52,14 +51,8 @@ def main():
         totals = op_times(trace_directory)
 
     everything = sum(totals.values())
-    by_type = collections.Counter()
-    for name, seconds in totals.items():
-        by_type[name.rsplit(":", 1)[1]] += seconds
     print(f"{args.model}: {wall * 1e3:.0f} ms per batch (wall, untraced), {everything / args.batches * 1e3:.0f} ms of op time")
-    print("\nby op type                       ms/batch  share")
-    for op_type, seconds in by_type.most_common(args.top):
-        print(f"  {op_type:30s} {seconds / args.batches * 1e3:8.1f}  {seconds / everything:6.1%}")
-
+    print_shares("by op type", by_op_type(totals), args.batches, "batch", args.top)
 
 if __name__ == "__main__":
     main()

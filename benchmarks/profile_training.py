@@ -44,6 +44,23 @@ def op_times(trace_directory):
     return totals
 
 
+def by_op_type(totals):
+    """{op type: seconds} from the profiler's {"name:Type": seconds}."""
+    grouped = collections.Counter()
+    for name, seconds in totals.items():
+        grouped[name.rsplit(":", 1)[1]] += seconds
+    return grouped
+
+
+def print_shares(title, grouped, repeats, unit, top=None, width=30, everything=None):
+    """`grouped` largest first: milliseconds per `unit` (over `repeats` of them) and share of
+    `everything` (by default, of `grouped`'s own total)."""
+    everything = everything or sum(grouped.values())
+    print(f"\n{title:{width + 2}s} ms/{unit}   share")
+    for key, seconds in grouped.most_common(top):
+        print(f"  {key[-width:]:{width}s} {seconds / repeats * 1e3:8.1f}  {seconds / everything:6.1%}")
+
+
 PARTS = ("adam", "loss", "output_projection", "embedding", "attention", "norm", "feed_forward", "dropout")
 
 
@@ -94,24 +111,16 @@ def main():
         totals = collections.Counter({name: sec for name, sec in totals.items() if part_of(name) == args.part})
 
     everything = sum(totals.values())
-    by_type = collections.Counter()
-    for name, seconds in totals.items():
-        by_type[name.rsplit(":", 1)[1]] += seconds
     print(f"{args.model} {args.dtype}: {everything / args.steps * 1e3:.0f} ms of op time per step")
-    print("\nby op type                       ms/step   share")
-    for op_type, seconds in by_type.most_common(args.top):
-        print(f"  {op_type:30s} {seconds / args.steps * 1e3:8.1f}  {seconds / everything:6.1%}")
+    print_shares("by op type", by_op_type(totals), args.steps, "step", args.top)
     by_part = collections.Counter()
     for name, seconds in totals.items():
         by_part[part_of(name)] += seconds
-    print("\nby part of the step              ms/step   share")
-    for part, seconds in by_part.most_common():
-        print(f"  {part:30s} {seconds / args.steps * 1e3:8.1f}  {seconds / everything:6.1%}")
-    print("\nby op                                                                       ms/step   share")
-    listed = [(name, seconds) for name, seconds in totals.most_common() if not args.op_type or name.endswith(":" + args.op_type)]
-    for name, seconds in listed[: args.top]:
-        print(f"  {name[-72:]:72s} {seconds / args.steps * 1e3:8.1f}  {seconds / everything:6.1%}")
-
+    print_shares("by part of the step", by_part, args.steps, "step")
+    listed = collections.Counter(
+        {name: seconds for name, seconds in totals.items() if not args.op_type or name.endswith(":" + args.op_type)}
+    )
+    print_shares("by op", listed, args.steps, "step", args.top, width=72, everything=everything)
 
 if __name__ == "__main__":
     main()

@@ -80,6 +80,7 @@ def _train_keras(args, config, batches, windows):
     import tensorflow as tf
 
     from contenders import build_keras_model, build_loss, build_optimizer
+    from keras_transformer.training import build_optimizer_variables
 
     if args.dtype == "bfloat16":
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
@@ -94,7 +95,7 @@ def _train_keras(args, config, batches, windows):
     # to fit, they are created while its first step is traced, ~10 s slower.
     if not model.built:
         model.build(((None, None), (None, None)))
-    model.optimizer.build(model.trainable_variables)
+    build_optimizer_variables(model)
     sources, inputs, outputs = (np.stack(parts) for parts in zip(*batches))
     dataset = (
         tf.data.Dataset.from_tensor_slices(((sources, inputs), outputs))

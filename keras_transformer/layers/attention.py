@@ -277,7 +277,8 @@ class MultiHeadAttention(keras.layers.Layer):
     def _project_queries(self, query, scale_outputs=False):
         """Q W^Q / sqrt(d_k); `scale_outputs` scales the few queries of a decoding step instead of W^Q."""
         scale = ops.cast(self._query_scale(), self.compute_dtype)
-        kernel, bias = self._weight(self.query_kernel), self._weight(self.query_bias) if self.use_bias else None
+        kernel = self._weight(self.query_kernel)
+        bias = self._weight(self.query_bias) if self.use_bias else None
         if scale_outputs:
             return self._project(query, kernel, bias) * scale
         return self._project(query, kernel * scale, None if bias is None else bias * scale)
@@ -372,7 +373,9 @@ class MultiHeadAttention(keras.layers.Layer):
             cache = _write_cache(cache, new_keys_values, cache_index)
             keys, values = cache[0], cache[1]
             offset = cache_index
-            valid_key_length = cache_index + ops.shape(query)[1]
+            if not use_causal_mask:
+                # Unfilled slots follow the last query: a causal mask hides them already.
+                valid_key_length = cache_index + ops.shape(query)[1]
             # The cache's own slots stand for the keys; the new tokens' masks
             # do not line up with them. Decoding produces no padding.
             value_mask = key_mask = None

@@ -96,8 +96,7 @@ def merge_attention_masks(
         sliding_window: hide keys more than this many positions away.
         offset: position of the first query (the decoding step with a cache).
         valid_key_length: keys at or beyond this index are hidden (unfilled
-            slots of a decoding cache). They follow the last query, so a
-            causal mask hides them already and this is then not needed.
+            slots of a decoding cache).
 
     Returns:
         None when nothing is masked, else a bool tensor of rank 4 that
@@ -117,8 +116,7 @@ def merge_attention_masks(
         masks.append(window[None, None, :, :])
     elif causal:
         masks.append(causal_mask(query_length, key_length, offset)[None, None, :, :])
-    # A causal mask already hides every slot after the last query, filled or not.
-    if valid_key_length is not None and not causal:
+    if valid_key_length is not None:
         filled = ops.arange(key_length) < valid_key_length
         masks.append(filled[None, None, None, :])
     if not masks:
