@@ -144,18 +144,20 @@ class ConductedRow:
         return {"failed": self.name, "error": self.error}
 
 
-def run_group(plan, windows, window_seconds):
+def run_group(plan, windows, window_seconds, phases):
     """Every row of `plan` alive at once, timing `windows` rounds of one window each, in turn.
 
     The order rotates from round to round, so no row always follows the same
-    one. Only one row computes at a time while windows are timed.
+    one. Only one row computes at a time while windows are timed. Adds the
+    seconds spent starting, timing and ending the rows to `phases`.
     """
     rows = [ConductedRow(arguments, window_seconds) for arguments in plan]
     print(f"  starting {len(rows)} rows, {PARALLEL_STARTS} at a time", flush=True)
     started = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(PARALLEL_STARTS) as pool:
         list(pool.map(lambda row: row.start(), rows))
-    print(f"  all started and warm in {time.perf_counter() - started:.0f} s", flush=True)
+    warm = time.perf_counter()
+    print(f"  all started and warm in {warm - started:.0f} s", flush=True)
     for round_index in range(windows):
         order = rows[round_index % len(rows):] + rows[: round_index % len(rows)]
         for row in order:
@@ -163,9 +165,15 @@ def run_group(plan, windows, window_seconds):
                 rate = row.window()
                 if rate is not None:
                     print(f"  round {round_index + 1}: {row.name}: {rate:,.1f}/s", flush=True)
+    timed = time.perf_counter()
     # Tearing TensorFlow down takes seconds per process: end them all at once.
     with concurrent.futures.ThreadPoolExecutor(len(rows)) as pool:
-        return list(pool.map(lambda row: row.finish(), rows))
+        results = list(pool.map(lambda row: row.finish(), rows))
+    ended = time.perf_counter()
+    print(f"  windows {timed - warm:.0f} s, ending the rows {ended - timed:.0f} s", flush=True)
+    for phase, seconds in (("starting rows", warm - started), ("timing windows", timed - warm), ("ending rows", ended - timed)):
+        phases[phase] = phases.get(phase, 0.0) + seconds
+    return results
 
 
 def versions():
@@ -236,7 +244,7 @@ def render(results, header):
             "Adam, cross-entropy on float32 logits. Target tokens per second in steady state: the first steps",
             "(tracing, compilation) are excluded, then the median of 3 windows of at least 10 s, timed in",
             "rounds: each row of a group (without XLA and PyTorch; with XLA) times one window, one row at a",
-            "time, every round, and each window follows one untimed step. Model",
+            "time, every round. Model",
             "GFLOP/s counts matmul FLOPs only (formula below); \"% of peak\" divides it by the best matmul",
             "GFLOP/s this machine reached at the model's own shapes in the same dtype (roofline table).",
             "",
@@ -403,18 +411,24 @@ def main():
     window_seconds = {"train": 2 if args.quick else 10, "decode": 2 if args.quick else 5}
 
     started = time.perf_counter()
-    results = []
+    results, phases = [], {}
+
+    def roofline():
+        roofline_started = time.perf_counter()
+        results.append(run_row(["roofline"]))
+        phases["roofline"] = phases.get("roofline", 0.0) + time.perf_counter() - roofline_started
+
     if args.only in (None, "roofline"):
         print("roofline", flush=True)
-        results.append(run_row(["roofline"]))
+        roofline()
     for index, (kind, plan) in enumerate(groups, 1):
         print(f"[group {index}/{len(groups)}] {len(plan)} {kind} rows", flush=True)
-        results += run_group(plan, windows, window_seconds[kind])
+        results += run_group(plan, windows, window_seconds[kind], phases)
     if args.only is None:
         # The machine's speed drifts over a run; the roofline is taken at both
         # ends and the better figure kept, so "% of peak" is not flattered.
         print("roofline again", flush=True)
-        results.append(run_row(["roofline"]))
+        roofline()
     minutes = (time.perf_counter() - started) / 60
     results = merge_rooflines(results)
 
@@ -424,7 +438,9 @@ def main():
         "versions": ", ".join(f"{name} {version}" for name, version in versions().items()),
         "command": "`make bench` (`python benchmarks/suite.py" + (" --quick" if args.quick else "") + "`)"
         + ("" if torch_available else "; torch not installed, so no PyTorch rows"),
-        "duration": f"{minutes:.1f} minutes",
+        "duration": f"{minutes:.1f} minutes ("
+        + ", ".join(f"{phase} {seconds / 60:.1f}" for phase, seconds in phases.items())
+        + ")",
     }
     if args.quick:
         header["note"] = "**--quick run: one 2-second window per row; not figures to quote.**"

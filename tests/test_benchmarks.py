@@ -33,7 +33,7 @@ def test_conducted_windows_time_one_window_per_command():
     assert len(rates) == 2 and windows.done
     # ~10 units per ~0.01 s step: 1000/s at most (sleeps overshoot, never undershoot).
     assert all(200 < rate <= 1000 * 1.01 for rate in rates)
-    # Each window is a whole number of steps, after an untimed re-warm step.
+    # Each window is a whole number of steps, timed from the command on.
     assert all(steps >= 5 for steps in windows.window_steps)
     assert windows.result()["rate"] == statistics.median(rates)
 
