@@ -49,6 +49,9 @@ DEFAULT_CONFIG = {
         "warmup_steps": 1000,
         "learning_rate_scale": 1.0,
         "weight_decay": None,  # AdamW's decoupled decay of weight matrices, e.g. 0.1
+        # Validate and keep a moving average of the weights (over ~1/(1 - m)
+        # steps), e.g. 0.998; None: the weights of the epoch's last step.
+        "ema_momentum": None,
         "steps_per_epoch": None,
         "early_stopping": None,
         # The checkpoint kept (and early stopping) follow validation accuracy:
@@ -147,6 +150,7 @@ def train_classifier(config, run_dir, verbose=1):
                 settings["warmup_steps"],
                 settings["learning_rate_scale"],
                 weight_decay=settings["weight_decay"],
+                ema_momentum=settings["ema_momentum"],
             ),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
@@ -155,7 +159,10 @@ def train_classifier(config, run_dir, verbose=1):
         training.build_optimizer_variables(model)
     logger.info("model: %d parameters, %d replica(s)", model.count_params(), replicas)
 
-    callbacks = training.training_callbacks(run_dir, settings["early_stopping"], monitor=settings["monitor"])
+    callbacks = training.training_callbacks(
+        run_dir, settings["early_stopping"], monitor=settings["monitor"],
+        averaged_weights=settings["ema_momentum"] is not None,
+    )
     sample = examples["val"][: settings["projector_samples"]]
     if len(sample) >= 3:
         sample_texts = [example_text for example_text, _ in sample]

@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
@@ -75,3 +77,14 @@ def test_the_report_states_each_goal_as_met_or_not():
     assert goals["Cached greedy >= 5x our own no-cache recompute"].endswith("| 6.0x | yes |")
     # 2400 tokens/s is 88.3 model GFLOP/s: 59% of the 150 GFLOP/s peak.
     assert goals["Training float32 >= 55% of the float32 matmul peak"].endswith("| 59% | yes |")
+
+
+@pytest.mark.slow
+def test_a_real_row_is_conducted_and_reports_its_result():
+    row = suite.ConductedRow(["decode", "--model", "keras_transformer", "--search", "greedy"], window_seconds=0.5)
+    assert row.start(), row.error
+    assert row.window() > 0
+    result = row.finish()
+    assert row.process.returncode == 0
+    assert result["kind"] == "decode" and result["cache"] is True and len(result["window_rates"]) == 1
+    assert result["sentences_per_s"] == result["window_rates"][0] and result["peak_memory_mib"] > 100

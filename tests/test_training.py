@@ -206,3 +206,74 @@ def test_weight_decay_shrinks_weight_matrices_but_not_biases_or_norms():
         np.testing.assert_allclose(variable.numpy(), expected, rtol=1e-6, err_msg=variable.path)
     with pytest.raises(ValueError, match="weight_decay must be a non-negative number"):
         training.transformer_optimizer(d_model=16, weight_decay=-0.1)
+
+
+def _ema_run(callbacks, epochs=2, seed=3):
+    """A small classifier trained with a weight-averaging optimizer; raw weights recorded after each step."""
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)])
+    model.compile(
+        optimizer=training.transformer_optimizer(d_model=16, warmup_steps=4, ema_momentum=0.7),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(40, 4)).astype("float32")
+    labels = (features[:, 0] > 0).astype("int32")
+    steps, epoch_ends = [], []
+
+    class Record(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            steps.append([weight.copy() for weight in model.get_weights()])
+
+        def on_epoch_end(self, epoch, logs=None):
+            epoch_ends.append([weight.copy() for weight in model.get_weights()])
+
+    history = model.fit(
+        features, labels, batch_size=8, epochs=epochs, shuffle=False, verbose=0,
+        validation_data=(features[:16], labels[:16]), callbacks=[*callbacks, Record()],
+    )
+    return model, steps, epoch_ends, history, (features[:16], labels[:16])
+
+
+def test_averaged_weights_are_what_validation_checkpoints_and_the_end_see():
+    model, steps, epoch_ends, history, validation = _ema_run([training.AveragedWeights()])
+    # The moving average, step by step: the first step's weights, then 0.7 old + 0.3 new.
+    average = steps[0]
+    for index, weights in enumerate(steps[1:], start=2):
+        average = [0.7 * mean + 0.3 * weight for mean, weight in zip(average, weights)]
+        if index % 5 == 0:  # 5 steps an epoch: callbacks after AveragedWeights see the average
+            for seen, expected in zip(epoch_ends[index // 5 - 1], average):
+                np.testing.assert_allclose(seen, expected, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(epoch_ends[-1][0], steps[-1][0])  # the average is not the last step
+    for kept, expected in zip(model.get_weights(), average):
+        np.testing.assert_allclose(kept, expected, rtol=1e-5, atol=1e-6)
+    # Validation was computed with the averaged weights the model now holds.
+    np.testing.assert_allclose(history.history["val_loss"][-1], model.evaluate(*validation, verbose=0), rtol=1e-5)
+    # Training itself went on from the trained weights, exactly as without the swaps.
+    _, plain_steps, _, _, _ = _ema_run([])
+    for swapped, plain in zip(steps, plain_steps):
+        for a, b in zip(swapped, plain):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_averaged_weights_resume_exactly_after_a_kill(tmp_path):
+    expected, _, _, _, _ = _ema_run([training.AveragedWeights()], epochs=3)
+
+    class Killed(Exception):
+        pass
+
+    class KillInSecondEpoch(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if self.model.optimizer.iterations.numpy() == 7:
+                raise Killed()
+
+    backup = str(tmp_path / "backup")
+    with pytest.raises(Killed):
+        _ema_run([training.AveragedWeights(), keras.callbacks.BackupAndRestore(backup), KillInSecondEpoch()], epochs=3)
+    # A fresh process would build a fresh model: the backup (written at the end of
+    # epoch 1, with the average in the model) restores it and training goes on.
+    resumed, _, _, _, _ = _ema_run([training.AveragedWeights(), keras.callbacks.BackupAndRestore(backup)], epochs=3, seed=99)
+    for got, want in zip(resumed.get_weights(), expected.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="ema_momentum must be between 0 and 1"):
+        training.transformer_optimizer(d_model=16, ema_momentum=1.0)

@@ -1,6 +1,6 @@
 """Training: schedule, loss, metrics, strategy and precision, callbacks."""
 
-from keras_transformer.training.callbacks import LearningRateLogger, training_callbacks
+from keras_transformer.training.callbacks import AveragedWeights, LearningRateLogger, training_callbacks
 from keras_transformer.training.distribution import (
     PRECISIONS,
     STRATEGIES,
@@ -14,6 +14,7 @@ from keras_transformer.training.optimizers import FusedAdam, build_optimizer_var
 from keras_transformer.training.schedule import TransformerSchedule, transformer_optimizer
 
 __all__ = [
+    "AveragedWeights",
     "FusedAdam",
     "LearningRateLogger",
     "MaskedAccuracy",

@@ -19,15 +19,55 @@ class LearningRateLogger(keras.callbacks.Callback):
         logs["learning_rate"] = float(ops.convert_to_numpy(rate))
 
 
-def training_callbacks(run_dir, early_stopping_patience=None, tensorboard=True, monitor="val_loss"):
+class AveragedWeights(keras.callbacks.SwapEMAWeights):
+    """Validate, checkpoint and keep the moving average of the weights, not the last step's.
+
+    For an optimizer made with `use_ema=True` (`transformer_optimizer(...,
+    ema_momentum=0.998)`). At the end of each epoch the averaged weights take
+    the model's place, so the validation metrics, the best checkpoint, early
+    stopping, the backup and the embedding projector all see them; at the start
+    of the next epoch the trained weights come back and training goes on from
+    them. After the last epoch the model keeps the average. Weights from single
+    steps carry the noise of their last few updates; the paper averages its
+    last checkpoints for this reason (section 6.1).
+
+    Put it before the callbacks that should see the average (as
+    `training_callbacks(..., averaged_weights=True)` does).
+
+    Example:
+    >>> model.compile(optimizer=transformer_optimizer(128, ema_momentum=0.998), loss=...)
+    >>> model.fit(train, validation_data=val, callbacks=[AveragedWeights(), checkpoint])
+    """
+
+    def __init__(self):
+        super().__init__(swap_on_epoch=True)
+        self._first_epoch_of_fit = True
+
+    def on_train_begin(self, logs=None):
+        self._first_epoch_of_fit = True
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self._first_epoch_of_fit and epoch > 0:
+            # Resumed from a backup written at the end of the previous epoch,
+            # with the average in the model and the trained weights in the
+            # average's place: swapping them back resumes training exactly.
+            self._ema_weights_in_model = True
+        self._first_epoch_of_fit = False
+        super().on_epoch_begin(epoch, logs)
+
+
+def training_callbacks(run_dir, early_stopping_patience=None, tensorboard=True, monitor="val_loss", averaged_weights=False):
     """The standard set: checkpoint the best model, resume after a kill, log, stop on NaN.
 
     Writes `checkpoints/best.weights.h5`, `backup/` (BackupAndRestore),
     `logs/` (TensorBoard: loss, accuracy, perplexity, learning rate) and
     `history.csv` inside `run_dir`. "Best" and early stopping follow
     `monitor` (lower is better for a loss, higher for an accuracy).
+    `averaged_weights=True` (for an optimizer with `use_ema=True`) puts
+    `AveragedWeights` first, so that all of them see the weights' average.
     """
-    callbacks = [
+    callbacks = [AveragedWeights()] if averaged_weights else []
+    callbacks += [
         keras.callbacks.TerminateOnNaN(),
         LearningRateLogger(),
         keras.callbacks.ModelCheckpoint(

@@ -47,16 +47,25 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return {"d_model": self.d_model, "warmup_steps": self.warmup_steps, "scale": self.scale}
 
 
-def transformer_optimizer(d_model, warmup_steps=4000, scale=1.0, clipnorm=None, weight_decay=None):
+def transformer_optimizer(d_model, warmup_steps=4000, scale=1.0, clipnorm=None, weight_decay=None, ema_momentum=None):
     """Adam(0.9, 0.98, 1e-9) on the warm-up schedule, as in the paper (fused: see `optimizers`).
 
     `weight_decay` (not in the paper) adds decoupled weight decay (AdamW,
     Loshchilov & Hutter): each step shrinks the weight matrices and
     embeddings by learning_rate * weight_decay of themselves; biases and
     LayerNorm gains and offsets are left alone.
+
+    `ema_momentum` keeps a moving average of the weights beside them
+    (Polyak averaging), updated after every step as
+    `average = ema_momentum * average + (1 - ema_momentum) * weights`: it
+    averages over about `1 / (1 - ema_momentum)` steps. The paper averages
+    its last checkpoints for the same reason (section 6.1). Evaluate and keep
+    the average with the `AveragedWeights` callback.
     """
     if weight_decay is not None and not weight_decay >= 0:
         raise ValueError(f"weight_decay must be a non-negative number, got {weight_decay!r}")
+    if ema_momentum is not None and not 0 < ema_momentum < 1:
+        raise ValueError(f"ema_momentum must be between 0 and 1 (e.g. 0.998), got {ema_momentum!r}")
     optimizer = FusedAdam(
         learning_rate=TransformerSchedule(d_model, warmup_steps, scale),
         beta_1=0.9,
@@ -64,6 +73,8 @@ def transformer_optimizer(d_model, warmup_steps=4000, scale=1.0, clipnorm=None, 
         epsilon=1e-9,
         clipnorm=clipnorm,
         weight_decay=weight_decay or None,
+        use_ema=ema_momentum is not None,
+        ema_momentum=ema_momentum if ema_momentum is not None else 0.99,
     )
     if weight_decay:
         optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
