@@ -333,19 +333,24 @@ def goals(train, decode, roofline):
     def find(rows, **match):
         return next((row for row in rows if all(row.get(key) == value for key, value in match.items())), None)
 
+    def per_round(numerator, denominator):
+        """The ratio in each round: windows of one round were timed minutes apart at most."""
+        pairs = zip(numerator.get("window_rates", []), denominator.get("window_rates", []))
+        return " / ".join(f"{top / bottom:.2f}" for top, bottom in pairs) or "n/a"
+
     keras_hub = find(train, model="keras_hub", dtype="float32", jit=False)
     ours32 = find(train, model="keras_transformer", dtype="float32", jit=False)
     ours16 = find(train, model="keras_transformer", dtype="bfloat16", jit=False)
     checks = []
     if keras_hub and ours32:
         ratio = ours32["tokens_per_s"] / keras_hub["tokens_per_s"]
-        checks.append(("Training float32 >= 1.25x the keras-hub model", f"{ratio:.2f}x", ratio >= 1.25))
+        checks.append(("Training float32 >= 1.25x the keras-hub model", f"{ratio:.2f}x", per_round(ours32, keras_hub), ratio >= 1.25))
     if ours32 and roofline:
         share = ours32["model_gflops"] / _peak(roofline, "float32")
-        checks.append(("Training float32 >= 55% of the float32 matmul peak", f"{share:.0%}", share >= 0.55))
+        checks.append(("Training float32 >= 55% of the float32 matmul peak", f"{share:.0%}", "n/a", share >= 0.55))
     if keras_hub and ours16:
         ratio = ours16["tokens_per_s"] / keras_hub["tokens_per_s"]
-        checks.append(("Training mixed bfloat16 >= 2x the keras-hub model's float32", f"{ratio:.2f}x", ratio >= 2))
+        checks.append(("Training mixed bfloat16 >= 2x the keras-hub model's float32", f"{ratio:.2f}x", per_round(ours16, keras_hub), ratio >= 2))
     cached = find(decode, model="keras_transformer", search="greedy", cache=True, jit=False)
     cached_xla = find(decode, model="keras_transformer", search="greedy", cache=True, jit=True)
     recompute = find(decode, model="keras_transformer", search="greedy", cache=False)
@@ -353,17 +358,24 @@ def goals(train, decode, roofline):
     hub_xla = find(decode, model="keras_hub", jit=True)
     if cached and hub:
         ratio = cached["sentences_per_s"] / hub["sentences_per_s"]
-        checks.append(("Cached greedy >= 2x keras-hub's cached (both without XLA)", f"{ratio:.2f}x", ratio >= 2))
+        checks.append(("Cached greedy >= 2x keras-hub's cached (both without XLA)", f"{ratio:.2f}x", per_round(cached, hub), ratio >= 2))
     if cached_xla and hub_xla:
         ratio = cached_xla["sentences_per_s"] / hub_xla["sentences_per_s"]
-        checks.append(("Cached greedy >= 2x keras-hub's cached (both with XLA)", f"{ratio:.2f}x", ratio >= 2))
+        checks.append(("Cached greedy >= 2x keras-hub's cached (both with XLA)", f"{ratio:.2f}x", per_round(cached_xla, hub_xla), ratio >= 2))
     if cached and recompute:
         ratio = cached["sentences_per_s"] / recompute["sentences_per_s"]
-        checks.append(("Cached greedy >= 5x our own no-cache recompute", f"{ratio:.1f}x", ratio >= 5))
+        checks.append(("Cached greedy >= 5x our own no-cache recompute", f"{ratio:.1f}x", per_round(cached, recompute), ratio >= 5))
     if not checks:
         return []
-    lines = ["### Goals, as ratios from this run", "", "| goal | measured | met |", "|---|---|---|"]
-    lines += [f"| {goal} | {value} | {'yes' if met else '**no**'} |" for goal, value, met in checks]
+    lines = [
+        "### Goals, as ratios from this run",
+        "",
+        "The ratio of the medians, and the ratio within each round (how much the machine's drift moves it).",
+        "",
+        "| goal | measured | per round | met |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {goal} | {value} | {rounds} | {'yes' if met else '**no**'} |" for goal, value, rounds, met in checks]
     return lines + [""]
 
 

@@ -58,8 +58,9 @@ def decode_row(model, sentences_per_s, cache=True, jit=False):
 
 def test_the_report_states_each_goal_as_met_or_not():
     results = [
-        train_row("keras_hub", "float32", 2000.0),
-        train_row("keras_transformer", "float32", 2400.0),  # 1.20x: short of 1.25x
+        # Two rounds each: the ratio per round is 2200/2000 and 2600/2000.
+        {**train_row("keras_hub", "float32", 2000.0), "window_rates": [2000.0, 2000.0]},
+        {**train_row("keras_transformer", "float32", 2400.0), "window_rates": [2200.0, 2600.0]},  # 1.20x: short of 1.25x
         train_row("keras_transformer", "bfloat16", 4100.0),  # 2.05x: met
         decode_row("keras_hub", 60.0),
         decode_row("keras_transformer", 90.0),  # 1.5x: short of 2x
@@ -71,12 +72,12 @@ def test_the_report_states_each_goal_as_met_or_not():
     ]
     report = suite.render(results, {"date": "today"})
     goals = {line.split(" | ")[0].lstrip("| "): line for line in report.splitlines() if ">=" in line and line.startswith("|")}
-    assert goals["Training float32 >= 1.25x the keras-hub model"].endswith("| 1.20x | **no** |")
-    assert goals["Training mixed bfloat16 >= 2x the keras-hub model's float32"].endswith("| 2.05x | yes |")
-    assert goals["Cached greedy >= 2x keras-hub's cached (both without XLA)"].endswith("| 1.50x | **no** |")
-    assert goals["Cached greedy >= 5x our own no-cache recompute"].endswith("| 6.0x | yes |")
+    assert goals["Training float32 >= 1.25x the keras-hub model"].endswith("| 1.20x | 1.10 / 1.30 | **no** |")
+    assert goals["Training mixed bfloat16 >= 2x the keras-hub model's float32"].endswith("| 2.05x | n/a | yes |")
+    assert goals["Cached greedy >= 2x keras-hub's cached (both without XLA)"].endswith("| 1.50x | n/a | **no** |")
+    assert goals["Cached greedy >= 5x our own no-cache recompute"].endswith("| 6.0x | n/a | yes |")
     # 2400 tokens/s is 88.3 model GFLOP/s: 59% of the 150 GFLOP/s peak.
-    assert goals["Training float32 >= 55% of the float32 matmul peak"].endswith("| 59% | yes |")
+    assert goals["Training float32 >= 55% of the float32 matmul peak"].endswith("| 59% | n/a | yes |")
 
 
 @pytest.mark.slow
