@@ -63,6 +63,27 @@ DECODING_ROWS = [
 PARALLEL_STARTS = max(1, min(3, (os.cpu_count() or 1) + 1))
 
 
+def cpu_times():
+    """(stolen, total) CPU time of this machine so far, in clock ticks, from /proc/stat.
+
+    "Stolen" is time this virtual machine's CPUs were ready to run but the
+    host ran another machine: on a shared host it is the noise in a window.
+    (0, 0) where /proc/stat is missing.
+    """
+    try:
+        first_line = Path("/proc/stat").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return 0, 0
+    # user nice system idle iowait irq softirq steal (guest time is inside user)
+    ticks = [int(value) for value in first_line.split()[1:9]]
+    return (ticks[7] if len(ticks) == 8 else 0), sum(ticks)
+
+
+def stolen_share(before, after):
+    total = after[1] - before[1]
+    return (after[0] - before[0]) / total if total > 0 else 0.0
+
+
 def has_module(name):
     try:
         importlib.metadata.version(name)
@@ -94,6 +115,7 @@ class ConductedRow:
         self.window_seconds = window_seconds
         self.error = None
         self.process = None
+        self.stolen = []  # the host's share of this machine's CPU time during each window
 
     @property
     def name(self):
@@ -125,9 +147,12 @@ class ConductedRow:
         print(f"  FAILED: {self.name}\n{tail}", file=sys.stderr)
 
     def window(self):
+        before = cpu_times()
         self.process.stdin.write("window\n")
         self.process.stdin.flush()
-        return self._expect("window_rate")
+        rate = self._expect("window_rate")
+        self.stolen.append(stolen_share(before, cpu_times()))
+        return rate
 
     def finish(self):
         """Ends the process; returns its result row."""
@@ -139,6 +164,7 @@ class ConductedRow:
             if self.process.returncode == 0 and lines:
                 row = json.loads(lines[-1])
                 row["wall_seconds"] = time.perf_counter() - self.started
+                row["window_stolen"] = self.stolen
                 return row
             self._failed()
         return {"failed": self.name, "error": self.error}
@@ -164,7 +190,7 @@ def run_group(plan, windows, window_seconds, phases):
             if row.error is None:
                 rate = row.window()
                 if rate is not None:
-                    print(f"  round {round_index + 1}: {row.name}: {rate:,.1f}/s", flush=True)
+                    print(f"  round {round_index + 1}: {row.name}: {rate:,.1f}/s ({row.stolen[-1]:.0%} stolen)", flush=True)
     timed = time.perf_counter()
     # Tearing TensorFlow down takes seconds per process: end them all at once.
     with concurrent.futures.ThreadPoolExecutor(len(rows)) as pool:
@@ -223,6 +249,12 @@ def _peak(roofline, dtype):
     return max(figures) if figures else None
 
 
+def _stolen(row):
+    """The host's mean share of the CPU during the row's windows, as a table cell."""
+    shares = row.get("window_stolen")
+    return f"{100 * sum(shares) / len(shares):.0f}%" if shares else "n/a"
+
+
 def render(results, header):
     train = [row for row in results if row.get("kind") == "train"]
     decode = [row for row in results if row.get("kind") == "decode"]
@@ -247,9 +279,11 @@ def render(results, header):
             "time, every round. Model",
             "GFLOP/s counts matmul FLOPs only (formula below); \"% of peak\" divides it by the best matmul",
             "GFLOP/s this machine reached at the model's own shapes in the same dtype (roofline table).",
+            '"CPU stolen" is the share of this virtual machine\'s CPU time that the host gave to other machines',
+            "during the row's windows (steal time in /proc/stat): the noise the row was timed through.",
             "",
-            "| model | dtype | jit_compile | tokens/s | vs keras-hub float32 | model GFLOP/s | % of matmul peak | peak memory (MiB) | optimizer, loss |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| model | dtype | jit_compile | tokens/s | vs keras-hub float32 | model GFLOP/s | % of matmul peak | CPU stolen | peak memory (MiB) | optimizer, loss |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for row in train:
             peak = _peak(roofline, row["dtype"]) if roofline else None
@@ -265,7 +299,7 @@ def render(results, header):
             )
             lines.append(
                 f"| {LABELS[row['model']]} | {dtype} | {jit} | {row['tokens_per_s']:,.0f} | {ratio} | "
-                f"{row['model_gflops']:.0f} | {share} | {row['peak_memory_mib']:,.0f} | {optimizer} |"
+                f"{row['model_gflops']:.0f} | {share} | {_stolen(row)} | {row['peak_memory_mib']:,.0f} | {optimizer} |"
             )
         lines += [
             "",
@@ -288,8 +322,8 @@ def render(results, header):
             "of 3 windows of at least 5 s after warm-up, timed in rounds as above. Beam search keeps its default of also following the",
             "greedy path (so it never returns a worse-scoring translation than greedy).",
             "",
-            "| decoder | search | key/value cache | jit_compile | sentences/s | vs keras-hub cached | peak memory (MiB) |",
-            "|---|---|---|---|---|---|---|",
+            "| decoder | search | key/value cache | jit_compile | sentences/s | vs keras-hub cached | CPU stolen | peak memory (MiB) |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for row in decode:
             search = "greedy" if row["search"] == "greedy" else "beam 4"
@@ -301,7 +335,7 @@ def render(results, header):
             )
             lines.append(
                 f"| {name} | {search} | {'yes' if row['cache'] else 'no (recompute the prefix)'} | "
-                f"{'yes' if row['jit'] else 'no'} | {row['sentences_per_s']:.1f} | {ratio} | {row['peak_memory_mib']:,.0f} |"
+                f"{'yes' if row['jit'] else 'no'} | {row['sentences_per_s']:.1f} | {ratio} | {_stolen(row)} | {row['peak_memory_mib']:,.0f} |"
             )
         lines.append("")
 

@@ -89,3 +89,13 @@ def test_a_real_row_is_conducted_and_reports_its_result():
     assert row.process.returncode == 0
     assert result["kind"] == "decode" and result["cache"] is True and len(result["window_rates"]) == 1
     assert result["sentences_per_s"] == result["window_rates"][0] and result["peak_memory_mib"] > 100
+    assert len(result["window_stolen"]) == 1 and 0 <= result["window_stolen"][0] <= 1
+
+
+def test_stolen_cpu_is_the_steal_share_of_the_ticks_between_two_readings():
+    assert suite.stolen_share((10, 1000), (30, 1200)) == 0.1
+    assert suite.stolen_share((0, 0), (0, 0)) == 0.0  # no /proc/stat
+    stolen, total = suite.cpu_times()
+    assert 0 <= stolen <= total
+    report = suite.render([{**train_row("keras_hub", "float32", 2000.0), "window_stolen": [0.1, 0.3]}], {"date": "today"})
+    assert "| 20% |" in report
