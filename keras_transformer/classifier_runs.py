@@ -180,6 +180,7 @@ def train_classifier(config, run_dir, verbose=1):
     history = model.fit(
         train, validation_data=val, epochs=settings["epochs"], steps_per_epoch=settings["steps_per_epoch"],
         callbacks=callbacks, verbose=verbose,
+        shuffle=False,  # the pipeline shuffles; fit cannot shuffle a dataset
     )
     seconds = time.time() - started
     best = os.path.join(run_dir, "checkpoints", "best.weights.h5")

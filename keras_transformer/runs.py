@@ -279,11 +279,11 @@ def train(config, run_dir, verbose=1):
     started = time.time()
     with warnings.catch_warnings():
         # A dataset of unknown length ends its first epoch by running out of
-        # data, as it should; and it is shuffled by the pipeline, not by fit.
+        # data, as it should.
         warnings.filterwarnings("ignore", message="Your input ran out of data")
-        warnings.filterwarnings("ignore", message="`shuffle=True` was passed")
         history = model.fit(
             train_dataset,
+            shuffle=False,  # the pipeline shuffles; fit cannot shuffle a dataset
             validation_data=val_batches.dataset,
             epochs=settings["epochs"],
             steps_per_epoch=settings["steps_per_epoch"],
