@@ -128,7 +128,7 @@ def one_sgd_step(strategy, initial_weights):
         model.compile(optimizer=keras.optimizers.SGD(learning_rate=1.0), loss=training.MaskedSparseCrossEntropy(0.1))
     inputs, labels = uneven_batch()
     dataset = tf.data.Dataset.from_tensor_slices((inputs, labels)).batch(8)
-    history = model.fit(dataset, epochs=1, verbose=0)
+    history = model.fit(dataset, epochs=1, shuffle=False, verbose=0)
     # With SGD at learning rate 1, the weight change is the gradient.
     gradients = [before - after for before, after in zip(initial_weights, model.get_weights())]
     return history.history["loss"][0], gradients
