@@ -208,7 +208,7 @@ def test_weight_decay_shrinks_weight_matrices_but_not_biases_or_norms():
         training.transformer_optimizer(d_model=16, weight_decay=-0.1)
 
 
-def _ema_run(callbacks, epochs=2, seed=3):
+def _ema_run(callbacks, epochs=2, seed=3, initial_epoch=0):
     """A small classifier trained with a weight-averaging optimizer; raw weights recorded after each step."""
     keras.utils.set_random_seed(seed)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)])
@@ -229,7 +229,7 @@ def _ema_run(callbacks, epochs=2, seed=3):
             epoch_ends.append([weight.copy() for weight in model.get_weights()])
 
     history = model.fit(
-        features, labels, batch_size=8, epochs=epochs, shuffle=False, verbose=0,
+        features, labels, batch_size=8, epochs=epochs, initial_epoch=initial_epoch, shuffle=False, verbose=0,
         validation_data=(features[:16], labels[:16]), callbacks=[*callbacks, Record()],
     )
     return model, steps, epoch_ends, history, (features[:16], labels[:16])
@@ -277,3 +277,12 @@ def test_averaged_weights_resume_exactly_after_a_kill(tmp_path):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="ema_momentum must be between 0 and 1"):
         training.transformer_optimizer(d_model=16, ema_momentum=1.0)
+
+
+def test_averaged_weights_leave_a_fit_started_at_a_later_epoch_alone():
+    # No backup was restored: the model holds its own weights, nothing to swap back.
+    _, steps, _, _, _ = _ema_run([training.AveragedWeights()], epochs=3, initial_epoch=1)
+    _, plain_steps, _, _, _ = _ema_run([], epochs=3, initial_epoch=1)
+    for swapped, plain in zip(steps, plain_steps):
+        for a, b in zip(swapped, plain):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)

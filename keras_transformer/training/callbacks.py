@@ -32,7 +32,10 @@ class AveragedWeights(keras.callbacks.SwapEMAWeights):
     last checkpoints for this reason (section 6.1).
 
     Put it before the callbacks that should see the average (as
-    `training_callbacks(..., averaged_weights=True)` does).
+    `training_callbacks(..., averaged_weights=True)` does). A run resumed by
+    `BackupAndRestore` goes on exactly, provided the backup was written at an
+    epoch's end (its default `save_freq="epoch"`, as in `training_callbacks`):
+    such a backup holds the average in the model's place.
 
     Example:
     >>> model.compile(optimizer=transformer_optimizer(128, ema_momentum=0.998), loss=...)
@@ -47,7 +50,10 @@ class AveragedWeights(keras.callbacks.SwapEMAWeights):
         self._first_epoch_of_fit = True
 
     def on_epoch_begin(self, epoch, logs=None):
-        if self._first_epoch_of_fit and epoch > 0:
+        # BackupAndRestore tells fit which epoch it restored by setting the
+        # model's initial epoch; a fit merely started at a later epoch does not.
+        restored = getattr(self.model, "_initial_epoch", None)
+        if self._first_epoch_of_fit and epoch > 0 and restored == epoch:
             # Resumed from a backup written at the end of the previous epoch,
             # with the average in the model and the trained weights in the
             # average's place: swapping them back resumes training exactly.
