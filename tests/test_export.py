@@ -274,3 +274,42 @@ def test_versions_are_numbered_and_never_overwritten(tmp_path):
             export_translator(None, str(base), version=bad)
     with pytest.raises(FileNotFoundError, match="neither a saved_model.pb nor numbered versions"):
         resolve_export(str(tmp_path / "empty"))
+
+
+@pytest.mark.slow
+def test_malformed_requests_are_refused_and_the_serving_process_lives(export_base, tmp_path):
+    """Wrong ranks, mismatched batches and a few hundred random tensors, in a process that must survive.
+
+    Before the signatures checked their inputs, a scalar string crashed the process (SIGSEGV in
+    the WordPiece kernel), a `[1, 0]` tensor aborted it, and `[2, 2]` or mismatched id batches
+    came back as wrong answers.
+    """
+    report_path = tmp_path / "report.json"
+    script = Path(__file__).with_name("malformed_requests.py")
+    result = run([sys.executable, script, export_base / "1", 0, 300, report_path], check=False)
+    last_request = (result.stdout.strip().splitlines() or ["none"])[-1]
+    assert result.returncode == 0, f"the process died (exit {result.returncode}) on {last_request}\n{result.stderr[-2000:]}"
+    report = json.loads(report_path.read_text())
+
+    named = [answer for answer in report if not answer["request"].startswith("random")]
+    assert len(named) == 2 * 13
+    for answer in named:
+        assert answer["answer"] == "InvalidArgumentError", answer
+        # The error names the input, the shape it must have and the shape it got.
+        message = answer["message"]
+        if answer["signature"] == "score_tokens" and "rows" in answer["request"]:
+            assert "source_ids and target_ids must hold the same number of rows" in message, message
+        elif answer["signature"] == "score_tokens":
+            assert "must be an int32 matrix of shape [batch, length]; got shape" in message, message
+        else:
+            assert "text must be a string vector of shape [batch]; got shape" in message, message
+
+    answers = {answer["answer"] for answer in report}
+    assert answers <= {"ok", "InvalidArgumentError", "InternalError", "TypeError", "ValueError"}, answers
+    # The fuzzing reached the graph: some random requests were translated, some refused by the checks.
+    random_answers = [answer for answer in report if answer["request"].startswith("random")]
+    assert sum(answer["answer"] == "ok" for answer in random_answers) >= 10
+    assert sum("got shape" in answer.get("message", "") for answer in random_answers) >= 10
+    for answer in random_answers:
+        if answer["answer"] == "InternalError":  # the Python session client cannot convert the dtype
+            assert answer["loader"] == "session" and "Unsupported object type" in answer["message"], answer

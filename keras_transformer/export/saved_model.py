@@ -21,9 +21,17 @@ Signatures (see `SIGNATURES`):
   padding, targets starting with [START]) -> `logits` (float32
   `[batch, target_len, target_vocab]`), for clients that tokenize themselves.
 
-Inputs are checked in the graph: an empty string translates to "", a source
-longer than the model's `max_length` is truncated to it, an empty batch gives
-empty outputs, bytes that are not UTF-8 are replaced by U+FFFD.
+Inputs are checked in the graph, at run time, before any other kernel sees
+them. A loaded SavedModel does not enforce the shapes its signatures declare,
+and TensorFlow Serving checks none either, so a scalar string or a matrix of
+them would otherwise reach tensorflow-text's tokenizer, which crashes the
+whole process on them. The signatures therefore declare their inputs with no
+shape at all (nothing downstream may assume one), check the rank and shape
+first, and answer anything else with an `InvalidArgument` error that names the
+input and the shape it must have. Within those shapes: an empty string
+translates to "", a source longer than the model's `max_length` is truncated
+to it, an empty batch gives empty outputs, bytes that are not UTF-8 are
+replaced by U+FFFD.
 """
 
 import json
@@ -39,9 +47,11 @@ SIGNATURES = {
     "score_tokens": ("source_ids", "target_ids"),
 }
 
-_TEXT = tf.TensorSpec([None], tf.string, name="text")
-_SOURCE_IDS = tf.TensorSpec([None, None], tf.int32, name="source_ids")
-_TARGET_IDS = tf.TensorSpec([None, None], tf.int32, name="target_ids")
+# No declared shape: a declared one would let TensorFlow's graph optimiser
+# take it as a fact and fold the run-time checks below away.
+_TEXT = tf.TensorSpec(None, tf.string, name="text")
+_SOURCE_IDS = tf.TensorSpec(None, tf.int32, name="source_ids")
+_TARGET_IDS = tf.TensorSpec(None, tf.int32, name="target_ids")
 
 
 class TranslationService:
@@ -61,18 +71,19 @@ class TranslationService:
 
     @tf.function(input_signature=[_TEXT])
     def serve(self, text):
-        outputs = self.translator(text)
+        outputs = self.translator(_checked_sentences(text))
         return {"translation": outputs["translation"], "score": outputs["score"]}
 
     @tf.function(input_signature=[_TEXT])
     def translate_with_attention(self, text):
-        outputs = self.translator.translate_with_attention(text)
+        outputs = self.translator.translate_with_attention(_checked_sentences(text))
         names = ("translation", "score", "source_tokens", "target_tokens", "cross_attention")
         return {name: outputs[name] for name in names}
 
     @tf.function(input_signature=[_SOURCE_IDS, _TARGET_IDS])
     def score_tokens(self, source_ids, target_ids):
         model = self.translator.model
+        source_ids, target_ids = _checked_id_batches(source_ids, target_ids)
         checks = [
             _check_ids(source_ids, model.src_vocab_size, "source_ids"),
             _check_ids(target_ids, model.tgt_vocab_size, "target_ids"),
@@ -112,6 +123,38 @@ class TranslationService:
         root.translate_with_attention = self.translate_with_attention
         root.score_tokens = self.score_tokens
         return root
+
+
+def _checked_sentences(text):
+    """`text` as a `[batch]` string vector, or an InvalidArgument error naming it."""
+    return _checked_rank(text, "text", 1, "a string vector of shape [batch]")
+
+
+def _checked_id_batches(source_ids, target_ids):
+    """Both inputs as `[batch, length]` matrices of one batch size, or an InvalidArgument error."""
+    expected = "an int32 matrix of shape [batch, length]"
+    source_ids = _checked_rank(source_ids, "source_ids", 2, expected)
+    target_ids = _checked_rank(target_ids, "target_ids", 2, expected)
+    # Their shapes may be read only now that both ranks are known to be 2.
+    source_shape, target_shape = tf.shape(source_ids), tf.shape(target_ids)
+    same_batch = tf.debugging.Assert(
+        tf.equal(source_shape[0], target_shape[0]),
+        ["source_ids and target_ids must hold the same number of rows; got shapes", source_shape, target_shape],
+    )
+    with tf.control_dependencies([same_batch]):
+        return tf.identity(source_ids), tf.identity(target_ids)
+
+
+def _checked_rank(tensor, name, rank, expected):
+    """`tensor`, once a run-time check has found it of rank `rank`; its static shape says so."""
+    shape = tf.shape(tensor)
+    check = tf.debugging.Assert(tf.equal(tf.size(shape), rank), [f"{name} must be {expected}; got shape", shape])
+    with tf.control_dependencies([check]):
+        # A reshape to its own shape, padded to `rank` dimensions: it runs
+        # after the check, and its output has a rank the graph can rely on.
+        checked = tf.reshape(tensor, tf.concat([shape, tf.ones([rank], tf.int32)], axis=0)[:rank])
+    checked.set_shape([None] * rank)
+    return checked
 
 
 def _check_ids(ids, vocab_size, name):
