@@ -13,7 +13,6 @@ final state of [CLS] through a linear head out. Like `runs`, this module
 wires data, tokenizer, model and training together for the CLI.
 """
 
-import json
 import logging
 import os
 import time
@@ -21,9 +20,9 @@ import time
 import keras
 import tensorflow as tf
 
-from keras_transformer import data, models, text, training
+from keras_transformer import data, models, saving, text, training
 from keras_transformer.callbacks import EmbeddingProjectorLogger
-from keras_transformer.runs import start_run
+from keras_transformer.runs import fit_run, nothing_to_train, start_run
 
 logger = logging.getLogger("keras_transformer")
 
@@ -95,26 +94,28 @@ def encode(tokenizer, texts, max_length):
 
 
 def classification_batches(examples, tokenizer, max_length, batch_size, shuffle=False, seed=0, drop_remainder=False):
-    """A tf.data pipeline of `(ids, label)` batches, tokenized in the pipeline."""
+    """A tf.data pipeline of `(ids, label)` batches, tokenized in the pipeline.
+
+    Returns `(dataset, epoch)`: with `shuffle`, `epoch` is the variable that
+    sets each pass's order (see `data.shuffle_each_epoch`), else None.
+    """
     texts = tf.constant([example_text for example_text, _ in examples], tf.string)
     labels = tf.constant([label for _, label in examples], tf.int32)
     dataset = tf.data.Dataset.from_tensor_slices((texts, labels))
+    epoch = None
     if shuffle:
-        dataset = dataset.shuffle(len(examples), seed=seed, reshuffle_each_iteration=True)
+        dataset, epoch = data.shuffle_each_epoch(dataset, len(examples), seed)
     dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
     dataset = dataset.map(lambda batch, y: (encode(tokenizer, batch, max_length), y), num_parallel_calls=tf.data.AUTOTUNE)
-    return dataset.prefetch(tf.data.AUTOTUNE)
+    return dataset.prefetch(tf.data.AUTOTUNE), epoch
 
 
-def _save_json(path, content):
-    with open(path, "w", encoding="utf-8") as file:
-        json.dump(content, file, indent=2, ensure_ascii=False)
-
-
-def train_classifier(config, run_dir, verbose=1):
-    """Train (or resume) a classification run in `run_dir`; returns the metrics dict."""
-    config, strategy = start_run(run_dir, config, DEFAULT_CONFIG)
+def train_classifier(config, run_dir, verbose=1, overwrite=False):
+    """Train, resume or continue a classification run in `run_dir` (rules: `runs.start_run`); returns the metrics dict."""
+    config, strategy, state = start_run(run_dir, config, DEFAULT_CONFIG, overwrite=overwrite)
     settings = config["training"]
+    if state.finished:
+        return nothing_to_train(run_dir, state)
     examples = load_examples(config["data"])
 
     vocab_dir = os.path.join(run_dir, "vocab")
@@ -133,11 +134,11 @@ def train_classifier(config, run_dir, verbose=1):
 
     max_length, batch_size = settings["max_length"], settings["batch_size"]
     replicas = strategy.num_replicas_in_sync
-    train = classification_batches(
+    train, train_epoch = classification_batches(
         examples["train"], tokenizer, max_length, batch_size, shuffle=True, seed=settings["seed"],
         drop_remainder=replicas > 1,  # every replica gets a share of every batch
     )
-    val = classification_batches(examples["val"], tokenizer, max_length, batch_size)
+    val, _ = classification_batches(examples["val"], tokenizer, max_length, batch_size)
     num_classes = max(label for _, label in examples["train"] + examples["val"]) + 1
     with strategy.scope():
         model = models.TransformerClassifier(
@@ -162,6 +163,7 @@ def train_classifier(config, run_dir, verbose=1):
     callbacks = training.training_callbacks(
         run_dir, settings["early_stopping"], monitor=settings["monitor"],
         averaged_weights=settings["ema_momentum"] is not None,
+        epoch_variables=[train_epoch], best_so_far=state.best_so_far,
     )
     sample = examples["val"][: settings["projector_samples"]]
     if len(sample) >= 3:
@@ -176,23 +178,19 @@ def train_classifier(config, run_dir, verbose=1):
         )
     if settings["steps_per_epoch"]:
         train = train.repeat()
-    started = time.time()
-    history = model.fit(
-        train, validation_data=val, epochs=settings["epochs"], steps_per_epoch=settings["steps_per_epoch"],
-        callbacks=callbacks, verbose=verbose,
-        shuffle=False,  # the pipeline shuffles; fit cannot shuffle a dataset
+    history, seconds, stopped_early_after = fit_run(
+        model, run_dir, state, train,
+        dict(validation_data=val, epochs=settings["epochs"], steps_per_epoch=settings["steps_per_epoch"], verbose=verbose),
+        callbacks,
     )
-    seconds = time.time() - started
-    best = os.path.join(run_dir, "checkpoints", "best.weights.h5")
-    if os.path.exists(best):
-        model.load_weights(best)
-    model.save(os.path.join(run_dir, "model.keras"))
     _, accuracy = model.evaluate(val, verbose=0)
     epochs_run = len(history.epoch)
     metrics = {
         "val": {"accuracy": round(float(accuracy), 4), "examples": len(examples["val"])},
         "training": {
             "train_examples": len(examples["train"]),
+            "epochs_done": state.epochs_done + epochs_run,
+            "stopped_early_after": stopped_early_after,
             "epochs_this_session": epochs_run,
             "seconds_this_session": round(seconds, 1),
             "seconds_per_epoch": round(seconds / max(epochs_run, 1), 1),
@@ -200,7 +198,7 @@ def train_classifier(config, run_dir, verbose=1):
             "replicas": replicas,
         },
     }
-    _save_json(os.path.join(run_dir, "metrics.json"), metrics)
+    saving.write_json(os.path.join(run_dir, "metrics.json"), metrics)
     return metrics
 
 

@@ -69,8 +69,29 @@ def _add_train_arguments(parser):
     fit.add_argument("--attention-samples", type=int, help="validation pairs whose attention maps go to TensorBoard (3)")
     fit.add_argument("--bleu-samples", type=int, help="validation pairs for the per-epoch BLEU in TensorBoard (200)")
     fit.add_argument("--beam-size", type=int, help="beam size used when evaluating this run")
-    parser.add_argument("--out", required=True, help="the run directory")
+    _add_run_directory_arguments(parser)
     parser.add_argument("--no-evaluate", action="store_true", help="skip the validation BLEU at the end")
+
+
+def _add_run_directory_arguments(parser):
+    parser.add_argument(
+        "--out", required=True,
+        help="the run directory: a new one starts a run; rerun on a stopped run to resume it exactly, "
+        "with more --epochs to train a finished one further",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="remove the run already in --out (its files only) and start over"
+    )
+
+
+def _finished(metrics, out):
+    if not metrics.get("nothing_to_train"):
+        return False
+    print(
+        f"\n{out} has finished its {metrics['epochs_done']} epoch(s): nothing to train. Give --epochs above "
+        f"{metrics['epochs_done']} to train it further, or --overwrite to start over."
+    )
+    return True
 
 
 def _config_from_arguments(arguments):
@@ -112,8 +133,9 @@ def _train(arguments):
         split_cpu(arguments.cpu_replicas)
     from keras_transformer import runs
 
-    metrics = runs.train(_config_from_arguments(arguments), arguments.out)
-    training = metrics
+    training = runs.train(_config_from_arguments(arguments), arguments.out, overwrite=arguments.overwrite)
+    if _finished(training, arguments.out):
+        return
     print(
         f"\ntrained {training['epochs_this_session']} epoch(s) in {training['seconds_this_session']:.0f}s "
         f"({training['seconds_per_epoch']:.0f}s/epoch, {training['parameters']:,} parameters)"
@@ -213,7 +235,9 @@ def _train_classifier(arguments):
     for key in ("epochs", "max_length", "batch_size", "warmup_steps", "steps_per_epoch", "early_stopping",
                 "strategy", "cpu_replicas", "precision", "projector_samples"):
         put("training", key, getattr(arguments, key))
-    metrics = classifier_runs.train_classifier(config, arguments.out)
+    metrics = classifier_runs.train_classifier(config, arguments.out, overwrite=arguments.overwrite)
+    if _finished(metrics["training"], arguments.out):
+        return
     print(
         f"\nvalidation accuracy {metrics['val']['accuracy']:.4f} on {metrics['val']['examples']} examples; "
         f"{metrics['training']['seconds_per_epoch']:.0f}s/epoch"
@@ -282,7 +306,7 @@ def build_parser():
         classify.add_argument(f"--{name.replace('_', '-')}", type=kind)
     classify.add_argument("--strategy", choices=["auto", "mirrored", "none"])
     classify.add_argument("--precision", choices=["float32", "mixed_float16", "mixed_bfloat16"])
-    classify.add_argument("--out", required=True, help="the run directory")
+    _add_run_directory_arguments(classify)
     classify.set_defaults(handler=_train_classifier)
     return parser
 

@@ -15,16 +15,20 @@ tokenizers, model, training and inference together.
 """
 
 import copy
+import csv
 import json
 import logging
 import os
 import random
+import shutil
+import tempfile
 import time
 import warnings
 
+import h5py
 import keras
 
-from keras_transformer import data, evaluation, inference, models, text, training
+from keras_transformer import data, evaluation, inference, models, saving, text, training
 
 logger = logging.getLogger("keras_transformer")
 
@@ -193,58 +197,248 @@ def compile_model(model, training_config):
     training.build_optimizer_variables(model)
 
 
-# -- the three commands -------------------------------------------------------
+# -- the run directory -------------------------------------------------------
+
+# Everything a run writes into its directory, and so everything `overwrite`
+# removes; anything else there is the user's and is never touched.
+RUN_FILES = ("config.json", "vocab", "model.keras", "checkpoints", "backup", "logs", "history.csv", "metrics.json")
+# Settings a trained run may be given anew when it is continued: how long it
+# trains, what it logs, how it is evaluated. Any other change needs a new run.
+CONTINUABLE_SETTINGS = {"training": ("epochs", "attention_samples", "bleu_samples"), "evaluation": None}
 
 
-def _save_json(path, content):
-    with open(path, "w", encoding="utf-8") as file:
-        json.dump(content, file, indent=2, ensure_ascii=False)
+class RunState:
+    """Where a run directory stands, read from its files before training.
 
+    `epochs_done`: epochs trained (from the backup written after each epoch);
+    `finished`: those epochs reach the configured number, or early stopping
+    ended the run; `best_so_far`: the best monitored value of those epochs
+    (from `history.csv`), so a continued run keeps a better checkpoint.
+    """
 
-def _load_json(path):
-    with open(path, encoding="utf-8") as file:
-        return json.load(file)
+    def __init__(self, run_dir, config):
+        monitor = config["training"].get("monitor", "val_loss")
+        self.epochs_done = _epochs_done(run_dir)
+        self.trained = self.epochs_done > 0 or any(
+            os.path.exists(os.path.join(run_dir, name)) for name in ("model.keras", os.path.join("checkpoints", "best.weights.h5"))
+        )
+        metrics_path = os.path.join(run_dir, "metrics.json")
+        metrics = saving.read_json(metrics_path) if os.path.exists(metrics_path) else {}
+        stopped_early = metrics.get("training", {}).get("stopped_early_after")
+        # A run killed after its last epoch but before writing model.keras
+        # is not finished: fitting it for no more epochs writes the file.
+        self.finished = os.path.exists(os.path.join(run_dir, "model.keras")) and (
+            self.epochs_done >= config["training"]["epochs"] or stopped_early == self.epochs_done
+        )
+        self.best_so_far = _best_in_history(run_dir, monitor, self.epochs_done)
 
 
 def load_config(run_dir):
     path = os.path.join(run_dir, "config.json")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{run_dir} is not a run directory: it has no config.json")
-    return merge_config(DEFAULT_CONFIG, _load_json(path))
+    return merge_config(DEFAULT_CONFIG, saving.read_json(path))
 
 
-def start_run(run_dir, config, defaults):
-    """Create or reopen `run_dir`; returns its config and the distribution strategy.
+def start_run(run_dir, config, defaults, overwrite=False):
+    """Create, restart or reopen `run_dir`; returns its config, the distribution strategy and its `RunState`.
 
-    A new run saves its config (the defaults merged with `config`); an
-    existing one continues with the config it saved, whatever `config`
-    says, so that a resumed run trains exactly as it began. Seeds, precision
-    and strategy are set from that config.
+    The rules, so that a rerun never loses work nor silently ignores what it
+    was asked:
+    - a new directory (or an empty one) starts a run with `config`;
+    - a run that never finished an epoch (a failed start) starts again with
+      the new `config`;
+    - a trained run continues with the config it saved; only its epochs (and
+      what it logs and how it is evaluated) may be given anew, so `epochs`
+      above the epochs done trains a finished run further, from exactly where
+      it stopped; any other change is refused with the settings that differ;
+    - `overwrite=True` removes the run's files (`RUN_FILES`, nothing else)
+      and starts over.
+    A directory that holds other files but no run is refused. Seeds,
+    precision and strategy are set from the resulting config.
     """
+    _check_is_run_directory(run_dir)
+    if overwrite:
+        _remove_run_files(run_dir)
     os.makedirs(run_dir, exist_ok=True)
     config_path = os.path.join(run_dir, "config.json")
+    requested = merge_config(defaults, config)
     if os.path.exists(config_path):
-        saved = _load_json(config_path)
-        if saved != merge_config(defaults, config):
-            logger.warning("%s holds a run with another config; continuing with the saved one", run_dir)
-        config = merge_config(defaults, saved)
-    else:
-        config = merge_config(defaults, config)
-        _save_json(config_path, config)
+        saved = merge_config(defaults, saving.read_json(config_path))
+        state = RunState(run_dir, saved)
+        if not state.trained:
+            if saved != requested:
+                logger.info("%s never finished an epoch: starting it again with the new settings", run_dir)
+                _remove_run_files(run_dir)
+                os.makedirs(run_dir, exist_ok=True)
+        else:
+            changed = _changed_settings(saved, requested)
+            if changed:
+                raise ValueError(
+                    f"{run_dir} holds a run trained with other settings ({changed}); rerun it with the "
+                    "settings it was started with (only --epochs may change, to train it further), "
+                    "or pass --overwrite to start over"
+                )
+            requested = _continued_config(saved, requested)
+    saving.write_json(config_path, requested)
+    config = requested
+    state = RunState(run_dir, config)
     settings = config["training"]
     keras.utils.set_random_seed(settings["seed"])
     training.set_precision(settings["precision"])
-    return config, training.make_strategy(settings["strategy"], settings["cpu_replicas"])
+    return config, training.make_strategy(settings["strategy"], settings["cpu_replicas"]), state
 
 
-def train(config, run_dir, verbose=1):
-    """Train (or resume) a translation run in `run_dir`; returns the metrics dict.
+def _check_is_run_directory(run_dir):
+    if not os.path.isdir(run_dir):
+        if os.path.exists(run_dir):
+            raise FileExistsError(f"{run_dir} exists and is not a directory: choose another --out")
+        return
+    foreign = sorted(set(os.listdir(run_dir)) - set(RUN_FILES) - {name for name in os.listdir(run_dir) if name.startswith("hypotheses.")})
+    if foreign and not os.path.exists(os.path.join(run_dir, "config.json")):
+        raise FileExistsError(
+            f"{run_dir} is not a run directory (no config.json) and holds other files ({', '.join(foreign[:3])}): "
+            "choose another --out"
+        )
+
+
+def _remove_run_files(run_dir):
+    if not os.path.isdir(run_dir):
+        return
+    for name in os.listdir(run_dir):
+        path = os.path.join(run_dir, name)
+        if name in RUN_FILES or name.startswith("hypotheses."):
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+
+def _changed_settings(saved, requested):
+    """'section.key: saved -> requested' for each setting that differs and may not change."""
+    changes = []
+    for section in sorted(set(saved) | set(requested)):
+        continuable = CONTINUABLE_SETTINGS.get(section, ())
+        if continuable is None:
+            continue
+        old, new = saved.get(section, {}), requested.get(section, {})
+        for key in sorted(set(old) | set(new)):
+            if key not in continuable and old.get(key) != new.get(key):
+                changes.append(f"{section}.{key}: {old.get(key)!r} saved, {new.get(key)!r} given")
+    return "; ".join(changes)
+
+
+def _continued_config(saved, requested):
+    config = copy.deepcopy(saved)
+    for section, keys in CONTINUABLE_SETTINGS.items():
+        for key in requested.get(section, {}) if keys is None else keys:
+            if key in requested.get(section, {}):
+                config.setdefault(section, {})[key] = requested[section][key]
+    return config
+
+
+def _epochs_done(run_dir):
+    """Epochs trained so far: the backup's count (validated), else the rows of `history.csv`."""
+    backup = os.path.join(run_dir, "backup")
+    metadata = os.path.join(backup, "training_metadata.json")
+    if os.path.exists(metadata):
+        weights = os.path.join(backup, "latest.weights.h5")
+        if not _readable_h5(weights):
+            # Killed while writing the backup: Keras falls back to the one before it.
+            previous = weights + ".bkp"
+            if not _readable_h5(previous):
+                raise saving.DamagedFileError(
+                    f"{weights} is damaged and there is no earlier backup to resume from; "
+                    "pass --overwrite to start the run over"
+                )
+            shutil.copyfile(previous, weights)
+            if os.path.exists(metadata + ".bkp"):
+                shutil.copyfile(metadata + ".bkp", metadata)
+        return int(saving.read_json(metadata)["epoch"])
+    return len(_history_rows(run_dir))
+
+
+def _readable_h5(path):
+    try:
+        with h5py.File(path, "r"):
+            return True
+    except OSError:
+        return False
+
+
+def _history_rows(run_dir):
+    path = os.path.join(run_dir, "history.csv")
+    if not os.path.exists(path):
+        return []
+    with open(path, newline="", encoding="utf-8") as file:
+        return list(csv.DictReader(file))
+
+
+def _best_in_history(run_dir, monitor, epochs):
+    values = [float(row[monitor]) for row in _history_rows(run_dir)[:epochs] if row.get(monitor) not in (None, "")]
+    if not values:
+        return None
+    return max(values) if "acc" in monitor else min(values)
+
+
+def _keep_history_of_done_epochs(run_dir, epochs_done):
+    """Drop `history.csv` rows of epochs that will be trained again (a kill after the row, before the backup)."""
+    rows = _history_rows(run_dir)
+    if len(rows) <= epochs_done:
+        return
+    path = os.path.join(run_dir, "history.csv")
+    with open(path, "w", newline="", encoding="utf-8") as file:
+        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows[:epochs_done])
+
+
+def save_model(model, path):
+    """`model.save(path)`, written beside it and renamed into place, so a kill never leaves half a file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    handle, staging = tempfile.mkstemp(suffix=".keras", dir=directory, prefix=".incomplete-")
+    os.close(handle)
+    try:
+        model.save(staging)
+        os.replace(staging, path)
+    except BaseException:
+        if os.path.exists(staging):
+            os.remove(staging)
+        raise
+
+
+def fit_run(model, run_dir, state, train_dataset, fit_arguments, callbacks):
+    """`model.fit` for a run in `state`: resumed where it stopped, its history kept, `model.keras` written.
+
+    Returns `(history, seconds, stopped_early)`; the model ends with the best
+    checkpoint's weights, as `model.keras` holds them.
+    """
+    _keep_history_of_done_epochs(run_dir, state.epochs_done)
+    started = time.time()
+    history = model.fit(train_dataset, shuffle=False, callbacks=callbacks, **fit_arguments)  # the pipeline shuffles
+    seconds = time.time() - started
+    epochs_done = state.epochs_done + len(history.epoch)
+    stopped_early = any(
+        isinstance(callback, keras.callbacks.EarlyStopping) and callback.stopped_epoch > 0 for callback in callbacks
+    )
+    best = os.path.join(run_dir, "checkpoints", "best.weights.h5")
+    if os.path.exists(best):
+        saving.load_weights(model, best)
+    save_model(model, os.path.join(run_dir, "model.keras"))
+    return history, seconds, epochs_done if stopped_early else None
+
+
+# -- the three commands -------------------------------------------------------
+
+
+def train(config, run_dir, verbose=1, overwrite=False):
+    """Train, resume or continue a translation run in `run_dir`; returns the metrics dict.
 
     Rerunning with the same `run_dir` after an interruption resumes at the
-    epoch after the last one completed.
+    epoch after the last one completed, exactly as if it had not stopped;
+    see `start_run` for what a rerun does with a finished run or new settings.
     """
-    config, strategy = start_run(run_dir, config, DEFAULT_CONFIG)
+    config, strategy, state = start_run(run_dir, config, DEFAULT_CONFIG, overwrite=overwrite)
     settings = config["training"]
+    if state.finished:
+        return nothing_to_train(run_dir, state)["training"]
 
     replicas = strategy.num_replicas_in_sync
     pairs = load_pairs(config["data"], ("train", "val"))
@@ -272,36 +466,33 @@ def train(config, run_dir, verbose=1):
         model.build(((None, None), (None, None)))
         compile_model(model, settings)
     logger.info("model: %d parameters, %d replica(s)", model.count_params(), strategy.num_replicas_in_sync)
+    if state.epochs_done:
+        logger.info("%s: %d epoch(s) done, training on to %d", run_dir, state.epochs_done, settings["epochs"])
 
     train_dataset = train_batches.dataset
     if settings["steps_per_epoch"]:
         train_dataset = train_dataset.repeat()
-    started = time.time()
+    callbacks = training.training_callbacks(
+        run_dir, settings["early_stopping"], epoch_variables=[train_batches.epoch], best_so_far=state.best_so_far
+    ) + _sample_callbacks(run_dir, settings, pairs["val"], source_tokenizer, target_tokenizer)
     with warnings.catch_warnings():
         # A dataset of unknown length ends its first epoch by running out of
         # data, as it should.
         warnings.filterwarnings("ignore", message="Your input ran out of data")
-        history = model.fit(
-            train_dataset,
-            shuffle=False,  # the pipeline shuffles; fit cannot shuffle a dataset
-            validation_data=val_batches.dataset,
-            epochs=settings["epochs"],
-            steps_per_epoch=settings["steps_per_epoch"],
-            callbacks=training.training_callbacks(run_dir, settings["early_stopping"])
-            + _sample_callbacks(run_dir, settings, pairs["val"], source_tokenizer, target_tokenizer),
-            verbose=verbose,
+        history, seconds, stopped_early_after = fit_run(
+            model, run_dir, state, train_dataset,
+            dict(validation_data=val_batches.dataset, epochs=settings["epochs"],
+                 steps_per_epoch=settings["steps_per_epoch"], verbose=verbose),
+            callbacks,
         )
-    seconds = time.time() - started
 
-    best = os.path.join(run_dir, "checkpoints", "best.weights.h5")
-    if os.path.exists(best):
-        model.load_weights(best)
-    model.save(os.path.join(run_dir, "model.keras"))
     epochs_run = len(history.epoch)
     metrics = {
         "train_pairs": train_batches.num_pairs,
         "train_pairs_dropped": train_batches.num_dropped,
         "train_pairs_truncated": train_batches.num_truncated,
+        "epochs_done": state.epochs_done + epochs_run,
+        "stopped_early_after": stopped_early_after,
         "epochs_this_session": epochs_run,
         "seconds_this_session": round(seconds, 1),
         "seconds_per_epoch": round(seconds / max(epochs_run, 1), 1),
@@ -310,6 +501,17 @@ def train(config, run_dir, verbose=1):
         "final": {key: float(values[-1]) for key, values in history.history.items()} if epochs_run else {},
     }
     _update_metrics(run_dir, {"training": metrics})
+    return metrics
+
+
+def nothing_to_train(run_dir, state):
+    """A finished run's saved metrics, its training part marked as not trained this session."""
+    path = os.path.join(run_dir, "metrics.json")
+    metrics = saving.read_json(path) if os.path.exists(path) else {}
+    metrics["training"] = {
+        **metrics.get("training", {}), "epochs_done": state.epochs_done, "epochs_this_session": 0,
+        "nothing_to_train": True,
+    }
     return metrics
 
 
@@ -332,9 +534,9 @@ def _sample_callbacks(run_dir, settings, val_pairs, source_tokenizer, target_tok
 
 def _update_metrics(run_dir, update):
     path = os.path.join(run_dir, "metrics.json")
-    metrics = _load_json(path) if os.path.exists(path) else {}
+    metrics = saving.read_json(path) if os.path.exists(path) else {}
     metrics.update(update)
-    _save_json(path, metrics)
+    saving.write_json(path, metrics)
     return metrics
 
 
@@ -346,14 +548,14 @@ def _load_trained_model(run_dir, config, source_vocab_size, target_vocab_size):
     """
     model_path = os.path.join(run_dir, "model.keras")
     if os.path.exists(model_path):
-        return keras.saving.load_model(model_path, compile=False)
+        return saving.load_model(model_path)
     checkpoint = os.path.join(run_dir, "checkpoints", "best.weights.h5")
     if not os.path.exists(checkpoint):
         raise FileNotFoundError(f"{run_dir} has neither model.keras nor a checkpoint: has its first epoch finished?")
     logger.warning("%s has no model.keras (training not finished): using %s", run_dir, checkpoint)
     model = build_model(config["model"], source_vocab_size, target_vocab_size, config["training"]["max_length"])
     model.build(((None, None), (None, None)))
-    model.load_weights(checkpoint)
+    saving.load_weights(model, checkpoint)
     return model
 
 

@@ -34,8 +34,9 @@ def mirrored_strategy():
     Several MirroredStrategy objects in one process can hand out clashing
     collective-op keys; sharing one avoids that.
     """
-    devices = [device.name for device in tf.config.list_logical_devices("CPU")][:2]
-    return tf.distribute.MirroredStrategy(devices)
+    from keras_transformer.training.distribution import mirrored_strategy
+
+    return mirrored_strategy(tuple(device.name for device in tf.config.list_logical_devices("CPU")[:2]))
 
 
 @pytest.fixture(scope="session")

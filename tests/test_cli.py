@@ -31,36 +31,6 @@ def test_train_on_a_slice_of_multi30k(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_killed_run_resumes_at_the_next_epoch(tmp_path):
-    run = tmp_path / "resumable"
-    arguments = [
-        "train", "--dataset", "demo", "--out", run, "--epochs", 2, "--steps-per-epoch", 30,
-        "--limit-train", 2000, "--limit-val", 20, "--no-evaluate", *TINY_MODEL,
-    ]
-    process = subprocess.Popen(CLI + [str(a) for a in arguments], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
-    history = run / "history.csv"
-    deadline = time.time() + 300
-    # The first epoch is done (and backed up) once its row is in history.csv.
-    while time.time() < deadline and process.poll() is None:
-        if history.exists() and len(history.read_text().splitlines()) >= 2:
-            break
-        time.sleep(0.1)
-    assert process.poll() is None, "the run finished before it could be killed: give it more steps"
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert (run / "backup").exists() and not (run / "model.keras").exists()
-    # Until training finishes, the run translates with its best checkpoint so far.
-    checkpoint_translation = runs.translate(run, ["the dog sees a cat ."], beam_size=1)
-    assert len(checkpoint_translation) == 1 and checkpoint_translation[0].strip()
-
-    result = cli(*arguments)
-    assert "Epoch 2/2" in result.stdout and "Epoch 1/2" not in result.stdout
-    epochs = [row["epoch"] for row in csv.DictReader(history.open())]
-    assert epochs == ["0", "1"]
-    assert (run / "model.keras").exists() and not (run / "backup").exists()
-
-
-@pytest.mark.slow
 def test_bad_input_gives_a_clear_error_and_exit_code(tmp_path):
     source = tmp_path / "train.de"
     target = tmp_path / "train.en"

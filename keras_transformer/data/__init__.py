@@ -20,7 +20,7 @@ from keras_transformer.data.sentiment import (
     load_sst2,
     read_labelled,
 )
-from keras_transformer.data.pipeline import TranslationBatches, make_translation_batches
+from keras_transformer.data.pipeline import TranslationBatches, make_translation_batches, shuffle_each_epoch
 
 __all__ = [
     "CorpusError",
@@ -33,6 +33,7 @@ __all__ = [
     "load_sst2",
     "load_multi30k",
     "make_translation_batches",
+    "shuffle_each_epoch",
     "multi30k_directory",
     "read_labelled",
     "read_lines",

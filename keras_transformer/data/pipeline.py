@@ -28,6 +28,9 @@ class TranslationBatches:
     num_pairs: int  # pairs kept
     num_dropped: int  # pairs longer than max_length that were dropped
     num_truncated: int  # pairs longer than max_length that were cut
+    # The epoch whose order the next pass over `dataset` takes (see
+    # `shuffle_each_epoch`); None when the pairs are not shuffled.
+    epoch: tf.Variable = None
 
 
 def _length_buckets(max_length):
@@ -62,7 +65,8 @@ def make_translation_batches(
         batch_size: a fixed number of pairs per batch instead.
         long_pairs: "drop" pairs longer than max_length, or "truncate" them.
         shuffle: shuffle pairs each epoch (training).
-        seed: shuffling seed.
+        seed: shuffling seed: with one, epoch e's order depends on `seed`
+            and `e` alone (see `shuffle_each_epoch`).
         batch_multiple: trim every batch to a multiple of this many rows (the
             number of replicas), so each replica gets an equal share; Keras'
             `fit` under MirroredStrategy fails on a first batch that splits
@@ -125,8 +129,9 @@ def make_translation_batches(
         raise ValueError(f"every pair is longer than max_length={max_length} tokens")
 
     dataset = kept.cache()
+    epoch = None
     if shuffle:
-        dataset = dataset.shuffle(min(counts["num_pairs"], 100_000), seed=seed, reshuffle_each_iteration=True)
+        dataset, epoch = shuffle_each_epoch(dataset, min(counts["num_pairs"], 100_000), seed)
 
     def teacher_forcing(source, target):
         return (source, target[:-1]), target[1:]
@@ -154,4 +159,44 @@ def make_translation_batches(
 
         dataset = dataset.map(trim).filter(lambda inputs, labels: tf.shape(labels)[0] > 0)
     dataset = dataset.prefetch(tf.data.AUTOTUNE)
-    return TranslationBatches(dataset=dataset, **counts)
+    return TranslationBatches(dataset=dataset, epoch=epoch, **counts)
+
+
+def shuffle_each_epoch(dataset, buffer_size, seed=None):
+    """`dataset` shuffled anew on every pass, in an order set by `seed` and the pass's epoch number.
+
+    `Dataset.shuffle(seed=s, reshuffle_each_iteration=True)` also gives a
+    new order each pass, but the k-th order depends on how many passes this
+    very dataset object has made: a run resumed in a new process after epoch
+    k starts again from the first order, and trains on other batches than an
+    uninterrupted run would. Here each pass reads the epoch number from a
+    variable when it starts (and moves it on by one), so epoch e is always
+    shuffled with the seed `(seed, e)`; a resumed run sets the variable to the
+    epoch it resumes at (`keras_transformer.training.EpochSeeds` does that).
+
+    Args:
+        dataset: the elements to shuffle (cache it first: every pass reads it).
+        buffer_size: as for `Dataset.shuffle`.
+        seed: an integer; None shuffles differently every run.
+
+    Returns:
+        `(shuffled dataset, epoch variable)`; the variable is None without a seed.
+
+    Example:
+    >>> shuffled, epoch = shuffle_each_epoch(tf.data.Dataset.range(8).cache(), 8, seed=1)
+    >>> epoch.assign(3)  # the next pass is shuffled as epoch 3 always is
+    """
+    if seed is None:
+        return dataset.shuffle(buffer_size, reshuffle_each_iteration=True), None
+    epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="shuffle_epoch")
+
+    def one_pass(_):
+        this_epoch = epoch.assign_add(1) - 1
+        # tf.data takes a seed computed in the graph only while the graph has
+        # no global seed (`keras.utils.set_random_seed` sets one); `seed` and
+        # the epoch are all the randomness wanted here, so drop it.
+        tf.compat.v1.get_default_graph().seed = None
+        # Distinct seeds for distinct (seed, epoch) pairs up to a million epochs.
+        return dataset.shuffle(buffer_size, seed=seed * 1_000_003 + this_epoch)
+
+    return tf.data.Dataset.from_tensors(0).flat_map(one_pass), epoch

@@ -41,6 +41,8 @@ import tempfile
 
 import tensorflow as tf
 
+from keras_transformer.saving import DamagedFileError, first_line as _first_line
+
 SIGNATURES = {
     "serving_default": ("text",),
     "translate_with_attention": ("text",),
@@ -245,8 +247,16 @@ def resolve_export(path):
 
 
 def load_export(path):
-    """Load an export (a version directory, or a base: its highest version)."""
+    """Load an export (a version directory, or a base: its highest version).
+
+    A damaged export (a truncated `saved_model.pb` or variables file, say)
+    raises a `DamagedFileError` naming the version directory.
+    """
     # The WordPiece ops must be registered before the graph is loaded.
     import tensorflow_text  # noqa: F401
 
-    return tf.saved_model.load(resolve_export(path))
+    version = resolve_export(path)
+    try:
+        return tf.saved_model.load(version)
+    except Exception as error:  # protobuf, TensorFlow and OS errors alike: the message says which
+        raise DamagedFileError(f"{version} is not a loadable SavedModel: {_first_line(error)}") from None

@@ -18,6 +18,8 @@ import tensorflow as tf
 import tensorflow_text as text
 from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset
 
+from keras_transformer.saving import DamagedFileError, read_json
+
 PAD, UNK, START, END = "[PAD]", "[UNK]", "[START]", "[END]"
 RESERVED_TOKENS = (PAD, UNK, START, END)
 
@@ -141,10 +143,12 @@ class WordPieceTokenizer(tf.Module):
         vocab_path = os.path.join(directory, "vocab.txt")
         if not os.path.exists(vocab_path):
             raise FileNotFoundError(f"no vocabulary at {vocab_path}")
-        with open(vocab_path, encoding="utf-8") as file:
-            vocab = file.read().splitlines()
-        with open(os.path.join(directory, "tokenizer.json"), encoding="utf-8") as file:
-            settings = json.load(file)
+        try:
+            with open(vocab_path, encoding="utf-8") as file:
+                vocab = file.read().splitlines()
+        except UnicodeDecodeError as error:
+            raise DamagedFileError(f"{vocab_path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
+        settings = read_json(os.path.join(directory, "tokenizer.json"))
         return cls(vocab, **settings)
 
     # -- text -> ids -> text ------------------------------------------------

@@ -1,6 +1,6 @@
 """Training: schedule, loss, metrics, strategy and precision, callbacks."""
 
-from keras_transformer.training.callbacks import AveragedWeights, LearningRateLogger, training_callbacks
+from keras_transformer.training.callbacks import AveragedWeights, EpochSeeds, LearningRateLogger, training_callbacks
 from keras_transformer.training.distribution import (
     PRECISIONS,
     STRATEGIES,
@@ -15,6 +15,7 @@ from keras_transformer.training.schedule import TransformerSchedule, transformer
 
 __all__ = [
     "AveragedWeights",
+    "EpochSeeds",
     "FusedAdam",
     "LearningRateLogger",
     "MaskedAccuracy",

@@ -3,6 +3,7 @@
 import os
 
 import keras
+import numpy as np
 from keras import ops
 
 
@@ -62,7 +63,62 @@ class AveragedWeights(keras.callbacks.SwapEMAWeights):
         super().on_epoch_begin(epoch, logs)
 
 
-def training_callbacks(run_dir, early_stopping_patience=None, tensorboard=True, monitor="val_loss", averaged_weights=False):
+class EpochSeeds(keras.callbacks.Callback):
+    """Make each epoch's randomness depend on the seed and the epoch number alone.
+
+    Dropout draws its random numbers from seed generators whose state moves
+    on with every draw, and that state is not part of a model's weights, so
+    neither a checkpoint nor `BackupAndRestore` keeps it: a run resumed in a
+    new process at epoch e would drop other units than an uninterrupted run,
+    and so would the data's shuffling (see `data.shuffle_each_epoch`). At the
+    start of every epoch this callback puts each seed generator at a state
+    made from its initial state and the epoch number, and sets the data's
+    epoch variables to the epoch. A resumed run then trains exactly as an
+    uninterrupted one would have, digit for digit.
+
+    Args:
+        epoch_variables: the `epoch` variables of the training data
+            (`TranslationBatches.epoch`, `shuffle_each_epoch`'s).
+
+    Example:
+    >>> batches = data.make_translation_batches(pairs, source, target, 64, batch_size=32, seed=0)
+    >>> model.fit(batches.dataset, epochs=10, callbacks=[EpochSeeds([batches.epoch]), backup])
+    """
+
+    # Steps between the streams of successive epochs (the golden ratio in 32 bits).
+    _EPOCH_STRIDE = 0x9E3779B9
+
+    def __init__(self, epoch_variables=()):
+        super().__init__()
+        self.epoch_variables = [variable for variable in epoch_variables if variable is not None]
+        self._initial_states = None
+
+    def on_train_begin(self, logs=None):
+        if self._initial_states is None:  # the states as the model was built, before any draw
+            self._initial_states = [
+                (variable, np.array(ops.convert_to_numpy(variable.value)))
+                for variable in self.model.non_trainable_variables
+                if variable.path.endswith("seed_generator_state")
+            ]
+
+    def on_epoch_begin(self, epoch, logs=None):
+        for variable in self.epoch_variables:
+            variable.assign(epoch)
+        for variable, initial in self._initial_states:
+            state = initial.astype(np.int64)
+            state[0] = (state[0] + epoch * self._EPOCH_STRIDE) % (1 << 32)
+            variable.assign(state.astype(initial.dtype))
+
+
+def training_callbacks(
+    run_dir,
+    early_stopping_patience=None,
+    tensorboard=True,
+    monitor="val_loss",
+    averaged_weights=False,
+    epoch_variables=(),
+    best_so_far=None,
+):
     """The standard set: checkpoint the best model, resume after a kill, log, stop on NaN.
 
     Writes `checkpoints/best.weights.h5`, `backup/` (BackupAndRestore),
@@ -71,9 +127,20 @@ def training_callbacks(run_dir, early_stopping_patience=None, tensorboard=True, 
     `monitor` (lower is better for a loss, higher for an accuracy).
     `averaged_weights=True` (for an optimizer with `use_ema=True`) puts
     `AveragedWeights` first, so that all of them see the weights' average.
+
+    A run can be resumed, and its result is the same as if it had never
+    stopped: the backup is written at the end of every epoch (and the one
+    before it kept, should the newest be damaged by a kill while writing
+    it); `EpochSeeds` makes every epoch's dropout and data order
+    (`epoch_variables`) depend only on the seed and the epoch; and
+    `best_so_far`, the best `monitor` value of the epochs already trained,
+    keeps a resumed run from replacing the best checkpoint with a worse one.
+    The backup stays after training, so a finished run can be trained for
+    more epochs.
     """
     callbacks = [AveragedWeights()] if averaged_weights else []
     callbacks += [
+        EpochSeeds(epoch_variables),
         keras.callbacks.TerminateOnNaN(),
         LearningRateLogger(),
         keras.callbacks.ModelCheckpoint(
@@ -81,8 +148,11 @@ def training_callbacks(run_dir, early_stopping_patience=None, tensorboard=True, 
             monitor=monitor,
             save_best_only=True,
             save_weights_only=True,
+            initial_value_threshold=best_so_far,
         ),
-        keras.callbacks.BackupAndRestore(os.path.join(run_dir, "backup")),
+        keras.callbacks.BackupAndRestore(
+            os.path.join(run_dir, "backup"), double_checkpoint=True, delete_checkpoint=False
+        ),
         keras.callbacks.CSVLogger(os.path.join(run_dir, "history.csv"), append=True),
     ]
     if tensorboard:

@@ -7,6 +7,8 @@ code path runs (and is tested) anywhere. It must run before TensorFlow
 initialises its devices, that is before the first tensor is made.
 """
 
+import functools
+
 import tensorflow as tf
 
 import keras
@@ -49,11 +51,24 @@ def make_strategy(name="auto", cpu_replicas=None):
         return tf.distribute.get_strategy()
     gpus = tf.config.list_logical_devices("GPU")
     if gpus and (name == "mirrored" or len(gpus) > 1):
-        return tf.distribute.MirroredStrategy([gpu.name for gpu in gpus])
+        return mirrored_strategy(tuple(gpu.name for gpu in gpus))
     cpus = tf.config.list_logical_devices("CPU")
     if name == "mirrored" or len(cpus) > 1:
-        return tf.distribute.MirroredStrategy([cpu.name for cpu in cpus])
+        return mirrored_strategy(tuple(cpu.name for cpu in cpus))
     return tf.distribute.get_strategy()
+
+
+@functools.lru_cache(maxsize=None)
+def mirrored_strategy(devices):
+    """One `MirroredStrategy` per set of devices for the whole process.
+
+    Each MirroredStrategy numbers its collective all-reduces from the same
+    start, so a second one over the same devices in one process (a second
+    run, a notebook cell run twice) can issue an all-reduce whose key the
+    first already used, and fails with "Shape mismatch in the collective
+    instance". Sharing one object avoids that.
+    """
+    return tf.distribute.MirroredStrategy(list(devices))
 
 
 def set_precision(policy="float32"):

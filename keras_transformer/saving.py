@@ -1,0 +1,176 @@
+"""Reading a run's files back, with one clear sentence when a file cannot be trusted.
+
+Files on disk get truncated (a full disk, a copy cut short), overwritten by
+something else, or crafted. The libraries underneath answer such files with
+errors that name the wrong thing: Keras calls a truncated `.keras` archive
+"File not found", h5py raises `OSError: truncated file` from deep inside,
+and Keras' safe mode, when it refuses a model whose config carries code,
+only warns and hands back a model with most of its weights missing, which
+then fails somewhere unrelated.
+
+Each reader here checks what it reads and raises `DamagedFileError` (a
+`ValueError`, so the CLI prints it as one line and exits with status 2)
+naming the file and what is wrong with it.
+"""
+
+import io
+import json
+import os
+import tempfile
+import warnings
+import zipfile
+
+import h5py
+import keras
+
+# The packages whose classes a model file of this project may name.
+TRUSTED_PACKAGES = ("keras", "keras_transformer")
+
+
+class DamagedFileError(ValueError):
+    """A file exists but cannot be read as what it should be."""
+
+
+def read_json(path):
+    """The JSON object in `path`; a `DamagedFileError` naming the file if it is not valid JSON."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            return json.load(file)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise DamagedFileError(f"{path} is not valid JSON ({first_line(error)})") from None
+
+
+def write_json(path, content):
+    """Write `content` as JSON to `path`, beside it first and renamed into place: a kill leaves the old file or the new one."""
+    directory = os.path.dirname(os.path.abspath(path))
+    handle, staging = tempfile.mkstemp(suffix=".json", dir=directory, prefix=".incomplete-")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            json.dump(content, file, indent=2, ensure_ascii=False)
+        os.replace(staging, path)
+    except BaseException:
+        if os.path.exists(staging):
+            os.remove(staging)
+        raise
+
+
+def load_model(path):
+    """The model saved in the `.keras` archive `path`, complete, or a `DamagedFileError`.
+
+    Refuses an archive that is not a zip file, whose parts fail their
+    checksums, whose config names code from outside Keras and this package
+    (a `lambda`, or a class from another module: Keras' safe mode refuses to
+    run those), or that loads only in part.
+    """
+    archive = _open_archive(path)
+    with archive:
+        config = _archive_json(path, archive, "config.json")
+        stored = _stored_weight_count(path, archive)
+    code = _code_in_config(config)
+    if code:
+        raise DamagedFileError(
+            f"{path} was refused as unsafe: its config carries code ({code}), which Keras' safe mode does not run"
+        )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            model = keras.saving.load_model(path, compile=False)
+        except Exception as error:  # Keras and h5py raise many kinds; the message says which
+            raise DamagedFileError(f"{path} could not be loaded: {first_line(error)}") from None
+    loaded = len(model.weights)
+    unbuilt = [layer.name for layer in model._flatten_layers() if not layer.built]
+    if loaded != stored or unbuilt:
+        reason = first_line(caught[0].message) if caught else f"layers left unbuilt: {', '.join(unbuilt[:3])}"
+        raise DamagedFileError(
+            f"{path} was loaded only in part ({loaded} of its {stored} weights): {reason}"
+        )
+    return model
+
+
+def load_weights(model, path):
+    """Load the weights file `path` (`.weights.h5`) into `model`, or raise a `DamagedFileError`."""
+    try:
+        with h5py.File(path, "r"):
+            pass
+    except OSError as error:
+        raise DamagedFileError(f"{path} is not a readable weights file ({first_line(error)})") from None
+    try:
+        model.load_weights(path)
+    except Exception as error:  # a readable file whose contents do not fit the model
+        raise DamagedFileError(f"{path} does not hold this model's weights ({first_line(error)})") from None
+
+
+def _open_archive(path):
+    try:
+        archive = zipfile.ZipFile(path)
+    except zipfile.BadZipFile:
+        raise DamagedFileError(
+            f"{path} is not a Keras model archive (not a zip file: truncated, or overwritten by something else)"
+        ) from None
+    damaged = _first_damaged_member(archive)
+    if damaged:
+        archive.close()
+        raise DamagedFileError(f"{path} is damaged: its part {damaged} fails its checksum (truncated or altered)")
+    return archive
+
+
+def _first_damaged_member(archive):
+    try:
+        return archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as error:
+        return f"({first_line(error)})"
+
+
+def _archive_json(path, archive, name):
+    try:
+        return json.loads(archive.read(name))
+    except KeyError:
+        raise DamagedFileError(f"{path} is not a Keras model archive: it has no {name}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise DamagedFileError(f"{path} is damaged: its {name} is not valid JSON ({first_line(error)})") from None
+
+
+def _stored_weight_count(path, archive):
+    """How many weight arrays the archive's `model.weights.h5` holds for the model's layers."""
+    try:
+        weights = io.BytesIO(archive.read("model.weights.h5"))
+    except KeyError:
+        raise DamagedFileError(f"{path} is not a Keras model archive: it has no model.weights.h5") from None
+    arrays = []
+    try:
+        with h5py.File(weights, "r") as file:
+            file.visititems(lambda name, item: arrays.append(name) if isinstance(item, h5py.Dataset) else None)
+    except OSError as error:
+        raise DamagedFileError(f"{path} is damaged: its weights cannot be read ({first_line(error)})") from None
+    # Optimizer state is saved beside the layers' weights; a model loaded
+    # without compiling does not take it.
+    return sum(1 for name in arrays if not name.startswith("optimizer/"))
+
+
+def _code_in_config(config):
+    """A description of the first piece of code the config would run, or None."""
+    if isinstance(config, dict):
+        if config.get("class_name") == "__lambda__":
+            return "a lambda function"
+        module = config.get("module")
+        if isinstance(module, str) and module.split(".")[0] not in TRUSTED_PACKAGES:
+            return f"{module}.{config.get('class_name')}"
+        values = config.values()
+    elif isinstance(config, list):
+        values = config
+    else:
+        return None
+    for value in values:
+        found = _code_in_config(value)
+        if found:
+            return found
+    return None
+
+
+def first_line(error):
+    """The first non-empty line of an error's message: libraries' messages run to many lines."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+__all__ = ["DamagedFileError", "first_line", "load_model", "load_weights", "read_json", "write_json"]

@@ -1,0 +1,253 @@
+"""A run directory survives what users and machines do to it: kills, reruns, damaged files.
+
+- A killed run resumes and trains exactly as if it had never stopped, to the last digit.
+- A rerun never loses work nor silently ignores what it was asked (the rules in `runs.start_run`).
+- A damaged or crafted file gets one line naming it and exit status 2 from every command, never a
+  traceback.
+"""
+
+import csv
+import shutil
+import signal
+import subprocess
+import time
+import zipfile
+
+import pytest
+
+from helpers import CLI, ENV, TINY_MODEL, cli
+from keras_transformer import cli as command_line
+from keras_transformer import runs
+
+SMALL_RUN = [
+    "--dataset", "demo", "--limit-train", "1500", "--limit-val", "20", "--no-evaluate",
+    "--attention-samples", "0", "--warmup-steps", "50", *TINY_MODEL,
+]
+
+
+def history(run):
+    with open(run / "history.csv", newline="") as file:
+        return list(csv.DictReader(file))
+
+
+@pytest.mark.slow
+def test_a_run_killed_during_an_epoch_resumes_exactly_as_if_never_stopped(tmp_path):
+    uninterrupted = tmp_path / "uninterrupted"
+    cli("train", *SMALL_RUN, "--epochs", 3, "--out", uninterrupted)
+
+    killed = tmp_path / "killed"
+    arguments = ["train", *SMALL_RUN, "--epochs", 3, "--out", killed]
+    process = subprocess.Popen(CLI + [str(a) for a in arguments], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    deadline = time.time() + 300
+    # The first epoch is done (and backed up) once its row is in history.csv: epoch 2 is under way.
+    while time.time() < deadline and process.poll() is None:
+        if (killed / "history.csv").exists() and len(history(killed)) >= 1:
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "the run finished before it could be killed: give it more pairs"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert len(history(killed)) == 1 and not (killed / "model.keras").exists()
+    # Until training finishes, the run translates with its best checkpoint so far.
+    assert runs.translate(killed, ["the dog sees a cat ."], beam_size=1)[0].strip()
+
+    resumed = cli(*arguments)
+    assert "Epoch 2/3" in resumed.stdout and "Epoch 1/3" not in resumed.stdout
+    # Same batches in the same order, same dropout: every figure of every epoch is the same.
+    assert history(killed) == history(uninterrupted)
+    assert (killed / "model.keras").exists()
+
+
+@pytest.mark.slow
+def test_reruns_follow_the_rules_and_never_replace_a_better_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    cli("train", *SMALL_RUN, "--epochs", 2, "--out", run)
+    finished = {name: (run / name).read_bytes() for name in ("model.keras", "history.csv", "checkpoints/best.weights.h5")}
+
+    # A finished run is not trained again.
+    again = cli("train", *SMALL_RUN, "--epochs", 2, "--out", run)
+    assert "has finished its 2 epoch(s): nothing to train" in again.stdout
+    assert {name: (run / name).read_bytes() for name in finished} == finished
+
+    # Other settings are refused, naming them; nothing is touched.
+    changed = cli("train", *SMALL_RUN, "--epochs", 2, "--d-model", 64, "--out", run, check=False)
+    assert changed.returncode == 2
+    (line,) = [line for line in changed.stderr.splitlines() if line.startswith("keras-transformer:")]
+    assert "model.d_model: 32 saved, 64 given" in line and "--overwrite" in line
+    assert "Traceback" not in changed.stderr
+    assert {name: (run / name).read_bytes() for name in finished} == finished
+
+    # More epochs train it further. Pretend epoch 0 had been far better: the continued run must
+    # keep that checkpoint rather than the best of its own epochs.
+    rows = history(run)
+    rows[0]["val_loss"] = "0.001"
+    with open(run / "history.csv", "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    longer = cli("train", *SMALL_RUN, "--epochs", 3, "--out", run)
+    assert "Epoch 3/3" in longer.stdout and "Epoch 2/3" not in longer.stdout
+    assert [row["epoch"] for row in history(run)] == ["0", "1", "2"]
+    assert (run / "checkpoints/best.weights.h5").read_bytes() == finished["checkpoints/best.weights.h5"]
+
+    # --overwrite starts over, and leaves the user's own files alone.
+    (run / "notes.txt").write_text("mine")
+    cli("train", *SMALL_RUN, "--epochs", 1, "--out", run, "--overwrite")
+    assert [row["epoch"] for row in history(run)] == ["0"]
+    assert (run / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.slow
+def test_a_failed_start_can_be_corrected_and_a_foreign_directory_is_refused(tmp_path):
+    run = tmp_path / "run"
+    pairs = tmp_path / "pairs.tsv"
+    failed = cli("train", *SMALL_RUN[2:], "--dataset", "files", "--train-tsv", pairs, "--out", run, check=False)
+    assert failed.returncode == 2 and (run / "config.json").exists()
+    pairs.write_text("".join(f"ein hund {i}\ta dog {i}\n" for i in range(200)), encoding="utf-8")
+    cli("train", *SMALL_RUN[2:], "--dataset", "files", "--train-tsv", pairs, "--epochs", 1, "--out", run)
+    assert [row["epoch"] for row in history(run)] == ["0"]
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("precious")
+    refused = cli("train", *SMALL_RUN, "--epochs", 1, "--out", mine, check=False)
+    assert refused.returncode == 2 and "is not a run directory" in refused.stderr
+    assert sorted(path.name for path in mine.iterdir()) == ["thesis.tex"]
+
+
+# -- damaged and crafted files ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A finished tiny run and its export, to be copied and damaged by each test."""
+    base = tmp_path_factory.mktemp("damaged")
+    run = base / "run"
+    config = runs.merge_config(runs.DEMO_CONFIG, {
+        "data": {"limit_train": 600, "limit_val": 10},
+        "model": {"num_layers": 1, "d_model": 32, "num_heads": 2, "d_ff": 64},
+        "training": {"epochs": 1, "attention_samples": 0, "warmup_steps": 50, "precision": "float32"},
+    })
+    runs.train(config, str(run), verbose=0)
+    export = base / "export"
+    runs.export(str(run), str(export))
+    return run, export / "1"
+
+
+def truncate(path):
+    content = path.read_bytes()
+    path.write_bytes(content[: len(content) // 2])
+
+
+def truncate_weights_inside(archive):
+    with zipfile.ZipFile(archive) as original:
+        parts = {name: original.read(name) for name in original.namelist()}
+    parts["model.weights.h5"] = parts["model.weights.h5"][: len(parts["model.weights.h5"]) // 2]
+    with zipfile.ZipFile(archive, "w") as rewritten:
+        for name, content in parts.items():
+            rewritten.writestr(name, content)
+
+
+def carry_code(archive, activation):
+    import json
+
+    with zipfile.ZipFile(archive) as original:
+        parts = {name: original.read(name) for name in original.namelist()}
+    config = json.loads(parts["config.json"])
+    config["config"]["activation"] = activation
+    parts["config.json"] = json.dumps(config)
+    with zipfile.ZipFile(archive, "w") as rewritten:
+        for name, content in parts.items():
+            rewritten.writestr(name, content)
+
+
+LAMBDA = {"class_name": "__lambda__", "config": {"value": ["4wEAAAAAAAAA", None, None]}}
+FOREIGN = {"module": "os", "class_name": "system", "config": None, "registered_name": "system"}
+
+DAMAGES = {
+    "truncated model.keras": ("model.keras", truncate, "is not a Keras model archive"),
+    "garbage model.keras": ("model.keras", lambda path: path.write_bytes(b"not a model " * 50), "is not a Keras model archive"),
+    "truncated weights inside model.keras": ("model.keras", truncate_weights_inside, "its weights cannot be read"),
+    "a lambda in model.keras": ("model.keras", lambda path: carry_code(path, LAMBDA), "refused as unsafe: its config carries code (a lambda"),
+    "a foreign class in model.keras": ("model.keras", lambda path: carry_code(path, FOREIGN), "refused as unsafe: its config carries code (os.system)"),
+    "broken config.json": ("config.json", lambda path: path.write_text('{"data": {'), "config.json is not valid JSON"),
+    "broken tokenizer.json": ("vocab/source/tokenizer.json", truncate, "tokenizer.json is not valid JSON"),
+}
+
+
+def run_command(*arguments, capsys):
+    """`keras-transformer ARGUMENTS` in this process: its exit status and its stderr lines."""
+    status = command_line.main([str(argument) for argument in arguments])
+    return status, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
+def assert_one_line_naming(status, lines, path, problem):
+    assert status == 2, lines
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("keras-transformer: error: ") and str(path) in lines[0] and problem in lines[0], lines
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_every_command_names_a_damaged_file_in_one_line(damage, trained, tmp_path, capsys):
+    source_run, _ = trained
+    run = tmp_path / "run"
+    shutil.copytree(source_run, run)
+    name, spoil, problem = DAMAGES[damage]
+    spoil(run / name)
+    commands = [
+        ("translate", run, "Der Hund schläft."),
+        ("evaluate", run, "--beam-size", 1),
+        ("export", run, tmp_path / "export"),
+        ("plot-attention", run, "Der Hund schläft.", "--out", tmp_path / "attention.png"),
+    ]
+    if name == "config.json":
+        commands.append(("train", *SMALL_RUN, "--out", run))
+    for command in commands:
+        status, lines = run_command(*command, capsys=capsys)
+        assert_one_line_naming(status, lines, run / name, problem)
+    assert not (tmp_path / "export").exists() and not (tmp_path / "attention.png").exists()
+
+
+@pytest.mark.slow
+def test_a_damaged_checkpoint_backup_or_export_is_named_in_one_line(trained, tmp_path, capsys):
+    source_run, version = trained
+    # A run still training has no model.keras: commands read its best checkpoint.
+    run = tmp_path / "run"
+    shutil.copytree(source_run, run)
+    (run / "model.keras").unlink()
+    truncate(run / "checkpoints" / "best.weights.h5")
+    status, lines = run_command("translate", run, "Der Hund.", capsys=capsys)
+    assert_one_line_naming(status, lines, run / "checkpoints" / "best.weights.h5", "is not a readable weights file")
+
+    # Killed while writing its backup: the one before it is used; with both damaged, a clear line.
+    backup = run / "backup"
+    shutil.copyfile(backup / "latest.weights.h5", backup / "latest.weights.h5.bkp")  # as after a second epoch
+    shutil.copyfile(backup / "training_metadata.json", backup / "training_metadata.json.bkp")
+    truncate(run / "backup" / "latest.weights.h5")
+    resumable = runs.RunState(str(run), runs.load_config(str(run)))
+    assert resumable.epochs_done == 1  # the earlier backup took its place
+    truncate(run / "backup" / "latest.weights.h5")
+    truncate(run / "backup" / "latest.weights.h5.bkp")
+    status, lines = run_command("train", *SMALL_RUN, "--out", run, capsys=capsys)
+    assert_one_line_naming(status, lines, run / "backup" / "latest.weights.h5", "no earlier backup")
+
+    for part in ("saved_model.pb", "variables/variables.data-00000-of-00001"):
+        export = tmp_path / part.split("/")[0] / "1"
+        shutil.copytree(version, export)
+        truncate(export / part)
+        status, lines = run_command("translate", "--saved-model", export, "Der Hund.", capsys=capsys)
+        assert_one_line_naming(status, lines, export, "is not a loadable SavedModel")
+
+
+@pytest.mark.slow
+def test_the_console_command_prints_one_line_for_a_damaged_model(trained, tmp_path):
+    """The same through the installed entry point, in a process of its own: no traceback."""
+    source_run, _ = trained
+    run = tmp_path / "run"
+    shutil.copytree(source_run, run)
+    truncate(run / "model.keras")
+    result = cli("translate", run, "Der Hund.", check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("keras-transformer:")]
+    assert str(run / "model.keras") in line
