@@ -412,7 +412,11 @@ def fit_run(model, run_dir, state, train_dataset, fit_arguments, callbacks):
     """
     _keep_history_of_done_epochs(run_dir, state.epochs_done)
     started = time.time()
-    history = model.fit(train_dataset, shuffle=False, callbacks=callbacks, **fit_arguments)  # the pipeline shuffles
+    with warnings.catch_warnings():
+        # A dataset of unknown length (a shuffle_each_epoch one) ends its
+        # first epoch by running out of data, as it should.
+        warnings.filterwarnings("ignore", message="Your input ran out of data")
+        history = model.fit(train_dataset, shuffle=False, callbacks=callbacks, **fit_arguments)  # the pipeline shuffles
     seconds = time.time() - started
     epochs_done = state.epochs_done + len(history.epoch)
     stopped_early = any(
@@ -475,16 +479,12 @@ def train(config, run_dir, verbose=1, overwrite=False):
     callbacks = training.training_callbacks(
         run_dir, settings["early_stopping"], epoch_variables=[train_batches.epoch], best_so_far=state.best_so_far
     ) + _sample_callbacks(run_dir, settings, pairs["val"], source_tokenizer, target_tokenizer)
-    with warnings.catch_warnings():
-        # A dataset of unknown length ends its first epoch by running out of
-        # data, as it should.
-        warnings.filterwarnings("ignore", message="Your input ran out of data")
-        history, seconds, stopped_early_after = fit_run(
-            model, run_dir, state, train_dataset,
-            dict(validation_data=val_batches.dataset, epochs=settings["epochs"],
-                 steps_per_epoch=settings["steps_per_epoch"], verbose=verbose),
-            callbacks,
-        )
+    history, seconds, stopped_early_after = fit_run(
+        model, run_dir, state, train_dataset,
+        dict(validation_data=val_batches.dataset, epochs=settings["epochs"],
+             steps_per_epoch=settings["steps_per_epoch"], verbose=verbose),
+        callbacks,
+    )
 
     epochs_run = len(history.epoch)
     metrics = {
