@@ -16,7 +16,6 @@ tokenizers, model, training and inference together.
 
 import copy
 import csv
-import json
 import logging
 import os
 import random
@@ -220,7 +219,8 @@ class RunState:
         monitor = config["training"].get("monitor", "val_loss")
         self.epochs_done = _epochs_done(run_dir)
         self.trained = self.epochs_done > 0 or any(
-            os.path.exists(os.path.join(run_dir, name)) for name in ("model.keras", os.path.join("checkpoints", "best.weights.h5"))
+            os.path.exists(os.path.join(run_dir, name))
+            for name in ("model.keras", os.path.join("checkpoints", "best.weights.h5"))
         )
         metrics_path = os.path.join(run_dir, "metrics.json")
         metrics = saving.read_json(metrics_path) if os.path.exists(metrics_path) else {}
@@ -294,7 +294,7 @@ def _check_is_run_directory(run_dir):
         if os.path.exists(run_dir):
             raise FileExistsError(f"{run_dir} exists and is not a directory: choose another --out")
         return
-    foreign = sorted(set(os.listdir(run_dir)) - set(RUN_FILES) - {name for name in os.listdir(run_dir) if name.startswith("hypotheses.")})
+    foreign = sorted(name for name in os.listdir(run_dir) if name not in RUN_FILES and not name.startswith("hypotheses."))
     if foreign and not os.path.exists(os.path.join(run_dir, "config.json")):
         raise FileExistsError(
             f"{run_dir} is not a run directory (no config.json) and holds other files ({', '.join(foreign[:3])}): "

@@ -1,15 +1,11 @@
 """`keras-transformer` end to end, as a user runs it: real subprocesses, real run directories."""
 
-import csv
 import json
-import signal
-import subprocess
-import time
 
 import pytest
 
-from helpers import CLI, ENV, TINY_MODEL, check_run_directory, cli
-from keras_transformer import data, runs
+from helpers import TINY_MODEL, check_run_directory, cli
+from keras_transformer import data
 
 
 @pytest.mark.slow
