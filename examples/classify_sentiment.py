@@ -31,7 +31,7 @@ RECIPES = {
         # Validated and kept: the moving average of the weights over about the last
         # 500 steps (half an epoch), not the last step's (the paper's checkpoint
         # averaging, section 6.1). Dev accuracy 0.813-0.822 over three seeds
-        # (0.817 without the average, one seed): README, "Measured".
+        # (0.817 without the average, one seed): docs/results.md.
         "training": {
             "epochs": 3, "max_length": 64, "batch_size": 64, "warmup_steps": 1000,
             "learning_rate_scale": 0.25, "early_stopping": 2, "ema_momentum": 0.998,
