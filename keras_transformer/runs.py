@@ -20,7 +20,6 @@ import logging
 import os
 import random
 import shutil
-import tempfile
 import time
 import warnings
 
@@ -390,20 +389,6 @@ def _keep_history_of_done_epochs(run_dir, epochs_done):
         writer.writerows(rows[:epochs_done])
 
 
-def save_model(model, path):
-    """`model.save(path)`, written beside it and renamed into place, so a kill never leaves half a file."""
-    directory = os.path.dirname(os.path.abspath(path))
-    handle, staging = tempfile.mkstemp(suffix=".keras", dir=directory, prefix=".incomplete-")
-    os.close(handle)
-    try:
-        model.save(staging)
-        os.replace(staging, path)
-    except BaseException:
-        if os.path.exists(staging):
-            os.remove(staging)
-        raise
-
-
 def fit_run(model, run_dir, state, train_dataset, fit_arguments, callbacks):
     """`model.fit` for a run in `state`: resumed where it stopped, its history kept, `model.keras` written.
 
@@ -425,7 +410,7 @@ def fit_run(model, run_dir, state, train_dataset, fit_arguments, callbacks):
     best = os.path.join(run_dir, "checkpoints", "best.weights.h5")
     if os.path.exists(best):
         saving.load_weights(model, best)
-    save_model(model, os.path.join(run_dir, "model.keras"))
+    saving.save_model(model, os.path.join(run_dir, "model.keras"))
     return history, seconds, epochs_done if stopped_early else None
 
 

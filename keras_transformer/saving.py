@@ -10,7 +10,9 @@ then fails somewhere unrelated.
 
 Each reader here checks what it reads and raises `DamagedFileError` (a
 `ValueError`, so the CLI prints it as one line and exits with status 2)
-naming the file and what is wrong with it.
+naming the file and what is wrong with it. The writers write a whole new
+file beside the old one and rename it into place, so a kill mid-write never
+leaves half a file behind.
 """
 
 import io
@@ -41,12 +43,31 @@ def read_json(path):
 
 
 def write_json(path, content):
-    """Write `content` as JSON to `path`, beside it first and renamed into place: a kill leaves the old file or the new one."""
-    directory = os.path.dirname(os.path.abspath(path))
-    handle, staging = tempfile.mkstemp(suffix=".json", dir=directory, prefix=".incomplete-")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
+    """Write `content` as JSON to `path`; a kill leaves the old file or the new one (`replace_whole`)."""
+
+    def write(staging):
+        with open(staging, "w", encoding="utf-8") as file:
             json.dump(content, file, indent=2, ensure_ascii=False)
+
+    replace_whole(path, write)
+
+
+def save_model(model, path):
+    """`model.save(path)`; a kill leaves the old file or the new one (`replace_whole`)."""
+    replace_whole(path, model.save)
+
+
+def replace_whole(path, write):
+    """Call `write(staging_path)` on a file beside `path`, then rename it to `path`.
+
+    A rename within a directory is atomic, so a reader (or a run killed
+    mid-write) sees the old file or the new one, never half of one.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    handle, staging = tempfile.mkstemp(prefix=".incomplete-", suffix=os.path.splitext(path)[1], dir=directory)
+    os.close(handle)
+    try:
+        write(staging)
         os.replace(staging, path)
     except BaseException:
         if os.path.exists(staging):
@@ -173,4 +194,7 @@ def first_line(error):
     return lines[0] if lines else type(error).__name__
 
 
-__all__ = ["DamagedFileError", "first_line", "load_model", "load_weights", "read_json", "write_json"]
+__all__ = [
+    "DamagedFileError", "first_line", "load_model", "load_weights", "read_json", "replace_whole", "save_model",
+    "write_json",
+]
