@@ -19,7 +19,7 @@ import time
 
 import tensorflow as tf
 
-from keras_transformer import runs
+from keras_transformer.runs import translation
 from keras_transformer.export import export_translator, load_export
 
 
@@ -40,10 +40,10 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     arguments = parser.parse_args()
 
-    config = runs.load_config(arguments.run_dir)
-    sources = [source for source, _ in runs.load_pairs(config["data"], splits=("val",))["val"]]
+    config = translation.load_config(arguments.run_dir)
+    sources = [source for source, _ in translation.load_pairs(config["data"], splits=("val",))["val"]]
     sentences = sources[: arguments.sentences]
-    translator = runs.load_translator(arguments.run_dir, beam_size=arguments.beam_size)
+    translator = translation.load_translator(arguments.run_dir, beam_size=arguments.beam_size)
     with tempfile.TemporaryDirectory() as directory:
         served = load_export(export_translator(translator, os.path.join(directory, "export")))
         serve = served.signatures["serving_default"]

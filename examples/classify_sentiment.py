@@ -16,8 +16,8 @@ import argparse
 import json
 import logging
 
-from keras_transformer import classifier_runs
-from keras_transformer.runs import merge_config
+from keras_transformer.runs import classification
+from keras_transformer.runs.options import merge_config
 
 RECIPES = {
     "sst2": {
@@ -63,7 +63,7 @@ def main():
     if arguments.epochs:
         overrides["training"]["epochs"] = arguments.epochs
     config = merge_config(RECIPES[arguments.dataset], overrides)
-    metrics = classifier_runs.train_classifier(config, arguments.out or f"runs/{arguments.dataset}", verbose=2)
+    metrics = classification.train(config, arguments.out or f"runs/{arguments.dataset}", verbose=2)
     print(json.dumps(metrics, indent=2))
 
 

@@ -15,7 +15,7 @@ import argparse
 import json
 import logging
 
-from keras_transformer import runs
+from keras_transformer.runs import options, translation
 
 RECIPE = {
     "data": {"dataset": "multi30k", "direction": "de-en"},
@@ -48,15 +48,15 @@ def main():
     parser.add_argument("--precision", default=RECIPE["training"]["precision"])
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    config = runs.merge_config(
+    config = options.merge_config(
         RECIPE,
         {
             "data": {"data_dir": arguments.data_dir},
             "training": {"epochs": arguments.epochs, "precision": arguments.precision},
         },
     )
-    training = runs.train(config, arguments.out, verbose=2)
-    scores, samples = runs.evaluate(arguments.out, "val")
+    training = translation.train(config, arguments.out, verbose=2)
+    scores, samples = translation.evaluate(arguments.out, "val")
     print(json.dumps({"training": training, "validation": scores}, indent=2, ensure_ascii=False))
     for sample in samples:
         print(f"\n{sample['source']}\n  -> {sample['translation']}\n  (reference: {sample['reference']})")

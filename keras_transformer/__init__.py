@@ -6,8 +6,8 @@
 """
 
 import importlib
-
-from keras_transformer import layers, models
+import os
+import sys
 
 __version__ = "0.1.0"
 
@@ -15,9 +15,17 @@ __version__ = "0.1.0"
 # model needs) does not pull in tensorflow-text, sacrebleu or matplotlib.
 _LAZY = ("callbacks", "data", "evaluation", "export", "inference", "runs", "text", "training", "visualization")
 
+# Importing the layers and models registers them with Keras, so that a saved
+# model loads with plain `keras.saving.load_model` after `import
+# keras_transformer`. The `keras-transformer` command is the exception: it
+# imports what a command needs once it runs, so that parsing arguments (and
+# `--help`) does not wait seconds for TensorFlow to start.
+if os.path.basename((getattr(sys, "argv", None) or [""])[0]) != "keras-transformer":
+    from keras_transformer import layers, models  # noqa: F401
+
 
 def __getattr__(name):
-    if name in _LAZY:
+    if name in _LAZY or name in ("layers", "models"):
         return importlib.import_module(f"keras_transformer.{name}")
     raise AttributeError(f"module 'keras_transformer' has no attribute {name!r}")
 

@@ -1,4 +1,4 @@
-"""The `keras-transformer` command: train | evaluate | translate | export | plot-attention | train-classifier.
+"""The `keras-transformer` command: train and use translators and text classifiers.
 
     keras-transformer train --dataset demo --out runs/demo
     keras-transformer evaluate runs/demo --split val --beam-size 4
@@ -8,69 +8,50 @@
     keras-transformer translate --saved-model exports/translator "The dog sees the cat."
     keras-transformer plot-attention runs/demo "The dog sees the cat." --out attention.png
     keras-transformer train-classifier --dataset sst2 --out runs/sst2
+    keras-transformer classify runs/sst2 "a gripping, funny film"
+    keras-transformer evaluate runs/sst2 --csv reviews.csv
+    keras-transformer export runs/sst2 exports/sentiment
+
+This module parses and prints; `keras_transformer.runs` does the work. The
+parser is built from the options table (`runs/options.py`) without
+importing TensorFlow, so `--help` answers at once; TensorFlow starts, quietly,
+once a command runs.
 """
 
 import argparse
 import json
 import logging
+import os
 import sys
 
-MODEL_OVERRIDES = {
-    "num_layers": int,
-    "d_model": int,
-    "num_heads": int,
-    "d_ff": int,
-    "dropout": float,
-    "position": str,
-}
+from keras_transformer.runs import options
+
+# -- the parser, from the options table ------------------------------------------------
 
 
-def _add_train_arguments(parser):
-    data = parser.add_argument_group("data")
-    data.add_argument("--dataset", choices=["demo", "multi30k", "files"], default="demo")
-    data.add_argument("--data-dir", help="Multi30k directory (default $KERAS_TRANSFORMER_DATA/multi30k or ../shared/data/multi30k)")
-    data.add_argument("--direction", default=None, help="Multi30k direction: de-en (default) or en-de")
-    for split in ("train", "val"):
-        data.add_argument(f"--{split}-source", help=f"dataset files: {split} source text, one sentence a line")
-        data.add_argument(f"--{split}-target", help=f"dataset files: {split} target text, aligned with the source")
-        data.add_argument(f"--{split}-tsv", help=f"dataset files: {split} pairs as source<TAB>target lines")
-    data.add_argument("--limit-train", type=int, help="use only the first N training pairs")
-    data.add_argument("--limit-val", type=int, help="use only the first N validation pairs")
+def _add_config_options(parser, task):
+    """One argparse flag per row of the options table that `task` takes, grouped by config section."""
+    groups = {}
+    for option in options.options_for(task):
+        if option.section not in groups:
+            groups[option.section] = parser.add_argument_group(option.section)
+        keywords = dict(dest=option.dest, help=_help(option, task), default=None)
+        if option.type is bool:
+            keywords["action"] = "store_true"
+        else:
+            metavar = option.metavar or (None if option.choices else option.key.upper())
+            keywords.update(type=option.type, choices=option.choices, metavar=metavar)
+        groups[option.section].add_argument(option.flag_name, **keywords)
 
-    tokens = parser.add_argument_group("tokenizer")
-    tokens.add_argument("--vocab-size", type=int)
-    tokens.add_argument("--shared-vocab", action="store_true", default=None, help="one vocabulary for both languages")
-    tokens.add_argument("--lower-case", action="store_true", default=None)
 
-    model = parser.add_argument_group("model")
-    model.add_argument("--preset", choices=["small", "base", "big"])
-    for name, kind in MODEL_OVERRIDES.items():
-        model.add_argument(f"--{name.replace('_', '-')}", type=kind)
-    model.add_argument("--share-embeddings", action="store_true", default=None)
-    model.add_argument("--tie-output", action="store_true", default=None)
-    model.add_argument("--norm-first", action="store_true", default=None)
-
-    fit = parser.add_argument_group("training")
-    fit.add_argument("--epochs", type=int)
-    fit.add_argument("--max-length", type=int)
-    fit.add_argument("--long-pairs", choices=["drop", "truncate"])
-    fit.add_argument("--tokens-per-batch", type=int)
-    fit.add_argument("--batch-size", type=int)
-    fit.add_argument("--warmup-steps", type=int)
-    fit.add_argument("--learning-rate-scale", type=float)
-    fit.add_argument("--label-smoothing", type=float)
-    fit.add_argument("--steps-per-epoch", type=int)
-    fit.add_argument("--early-stopping", type=int, metavar="PATIENCE")
-    fit.add_argument("--strategy", choices=["auto", "mirrored", "none"])
-    fit.add_argument("--cpu-replicas", type=int, help="split the CPU into N devices for MirroredStrategy")
-    fit.add_argument("--precision", choices=["float32", "mixed_float16", "mixed_bfloat16"])
-    fit.add_argument("--jit-compile", action="store_true", default=None)
-    fit.add_argument("--seed", type=int)
-    fit.add_argument("--attention-samples", type=int, help="validation pairs whose attention maps go to TensorBoard (3)")
-    fit.add_argument("--bleu-samples", type=int, help="validation pairs for the per-epoch BLEU in TensorBoard (200)")
-    fit.add_argument("--beam-size", type=int, help="beam size used when evaluating this run")
-    _add_run_directory_arguments(parser)
-    parser.add_argument("--no-evaluate", action="store_true", help="skip the validation BLEU at the end")
+def _help(option, task):
+    default = options.default_of(option, task)
+    demo = options.default_of(option, task, demo=True) if task == options.TRANSLATION else default
+    shown = "" if default is None else f"default {default}"
+    if demo != default:
+        shown = f"{shown}; demo {demo}" if shown else f"demo {demo}"
+    # argparse formats help with %: a literal percent sign is written %%.
+    return f"{option.help} ({shown})" if shown else option.help
 
 
 def _add_run_directory_arguments(parser):
@@ -84,179 +65,29 @@ def _add_run_directory_arguments(parser):
     )
 
 
-def _finished(metrics, out):
-    if not metrics.get("nothing_to_train"):
-        return False
-    print(
-        f"\n{out} has finished its {metrics['epochs_done']} epoch(s): nothing to train. Give --epochs above "
-        f"{metrics['epochs_done']} to train it further, or --overwrite to start over."
-    )
-    return True
-
-
-def _config_from_arguments(arguments):
-    from keras_transformer import runs
-
-    config = runs.DEMO_CONFIG if arguments.dataset == "demo" else {}
-    config = runs.merge_config({"data": {"dataset": arguments.dataset}}, config)
-
-    def put(section, key, value):
-        if value is not None:
-            config.setdefault(section, {})[key] = value
-
-    for key in ("data_dir", "direction", "limit_train", "limit_val"):
-        put("data", key, getattr(arguments, key))
-    for split in ("train", "val"):
-        for kind in ("source", "target", "tsv"):
-            put("data", f"{split}_{kind}", getattr(arguments, f"{split}_{kind}"))
-    put("tokenizer", "vocab_size", arguments.vocab_size)
-    put("tokenizer", "shared", arguments.shared_vocab)
-    put("tokenizer", "lower_case", arguments.lower_case)
-    put("model", "preset", arguments.preset)
-    for key in list(MODEL_OVERRIDES) + ["share_embeddings", "tie_output", "norm_first"]:
-        put("model", key, getattr(arguments, key))
-    for key in (
-        "epochs", "max_length", "long_pairs", "tokens_per_batch", "batch_size", "warmup_steps",
-        "learning_rate_scale", "label_smoothing", "steps_per_epoch", "early_stopping", "strategy",
-        "cpu_replicas", "precision", "jit_compile", "seed", "attention_samples", "bleu_samples",
-    ):
-        put("training", key, getattr(arguments, key))
-    put("evaluation", "beam_size", arguments.beam_size)
-    return config
-
-
-def _train(arguments):
-    # Splitting the CPU must come before TensorFlow makes its first tensor.
-    if arguments.cpu_replicas:
-        from keras_transformer.training import split_cpu
-
-        split_cpu(arguments.cpu_replicas)
-    from keras_transformer import runs
-
-    training = runs.train(_config_from_arguments(arguments), arguments.out, overwrite=arguments.overwrite)
-    if _finished(training, arguments.out):
-        return
-    print(
-        f"\ntrained {training['epochs_this_session']} epoch(s) in {training['seconds_this_session']:.0f}s "
-        f"({training['seconds_per_epoch']:.0f}s/epoch, {training['parameters']:,} parameters)"
-    )
-    if not arguments.no_evaluate:
-        _report(*runs.evaluate(arguments.out, "val"))
-    print(f"\nrun directory: {arguments.out}")
-    print(f"TensorBoard:   tensorboard --logdir {arguments.out}/logs")
-
-
-def _report(scores, samples):
-    print(
-        f"\nvalidation BLEU {scores['bleu']:.1f} (lowercased {scores['bleu_lowercase']:.1f}), "
-        f"chrF {scores['chrf']:.1f} on {scores['sentences']} sentences, beam size {scores['beam_size']}"
-    )
-    for sample in samples:
-        print(f"\n  source:      {sample['source']}\n  reference:   {sample['reference']}\n  translation: {sample['translation']}")
-
-
-def _evaluate(arguments):
-    from keras_transformer import runs
-
-    scores, samples = runs.evaluate(arguments.run_dir, arguments.split, arguments.beam_size, arguments.batch_size)
-    _report(scores, samples)
-    print(f"\nhypotheses: {scores['hypotheses']}")
-    print(json.dumps({key: scores[key] for key in ("bleu", "bleu_lowercase", "chrf")}))
-
-
-def _translate(arguments):
-    from keras_transformer import runs
-
-    sentences = arguments.sentences
-    if arguments.saved_model:
-        # No run directory with an export: the first positional is a sentence.
-        if arguments.beam_size:
-            raise ValueError("--beam-size cannot change an export: its beam size was fixed by `export`")
-        sentences = ([arguments.run_dir] if arguments.run_dir else []) + sentences
-    elif not arguments.run_dir:
-        raise ValueError("translate needs a run directory or --saved-model EXPORT")
-    sentences = sentences or [line.rstrip("\n") for line in sys.stdin if line.strip()]
-    if arguments.saved_model:
-        translations = runs.translate_with_export(arguments.saved_model, sentences)
-    else:
-        translations = runs.translate(arguments.run_dir, sentences, arguments.beam_size)
-    for translation in translations:
-        print(translation)
-
-
-def _export(arguments):
-    from keras_transformer import runs
-
-    path = runs.export(
-        arguments.run_dir,
-        arguments.export_base,
-        version=arguments.version,
-        beam_size=arguments.beam_size,
-        length_alpha=arguments.length_penalty,
-        max_output_length=arguments.max_output_length,
-    )
-    print(f"exported SavedModel: {path}")
-    print("signatures: serving_default, translate_with_attention, score_tokens")
-    print(f"try it:     keras-transformer translate --saved-model {path} \"...\"")
-
-
-def _plot_attention(arguments):
-    from keras_transformer import runs
-
-    translation = runs.plot_attention(
-        arguments.run_dir, arguments.sentence, arguments.out, kind=arguments.kind, layer=arguments.layer,
-        beam_size=arguments.beam_size, heads=arguments.heads,
-    )
-    print(translation)
-    print(f"attention map: {arguments.out}")
-
-
-def _train_classifier(arguments):
-    if arguments.cpu_replicas:
-        from keras_transformer.training import split_cpu
-
-        split_cpu(arguments.cpu_replicas)
-    from keras_transformer import classifier_runs
-
-    dataset, _, path = arguments.dataset.partition(":")
-    if dataset not in ("sst2", "imdb", "csv") or (dataset == "csv") != bool(path):
-        raise ValueError(f"--dataset must be sst2, imdb or csv:PATH, got {arguments.dataset!r}")
-    config = {"data": {"dataset": dataset, "csv": path or None}}
-
-    def put(section, key, value):
-        if value is not None:
-            config.setdefault(section, {})[key] = value
-
-    for key in ("data_dir", "val_csv", "limit_train", "limit_val"):
-        put("data", key, getattr(arguments, key))
-    put("tokenizer", "vocab_size", arguments.vocab_size)
-    for key in ("num_layers", "d_model", "num_heads", "d_ff", "dropout", "pooling"):
-        put("model", key, getattr(arguments, key))
-    for key in ("epochs", "max_length", "batch_size", "warmup_steps", "steps_per_epoch", "early_stopping",
-                "strategy", "cpu_replicas", "precision", "projector_samples"):
-        put("training", key, getattr(arguments, key))
-    metrics = classifier_runs.train_classifier(config, arguments.out, overwrite=arguments.overwrite)
-    if _finished(metrics["training"], arguments.out):
-        return
-    print(
-        f"\nvalidation accuracy {metrics['val']['accuracy']:.4f} on {metrics['val']['examples']} examples; "
-        f"{metrics['training']['seconds_per_epoch']:.0f}s/epoch"
-    )
-    print(f"run directory: {arguments.out}")
-    print(f"TensorBoard:   tensorboard --logdir {arguments.out}/logs   (Projector: the [CLS] embeddings)")
-
-
 def build_parser():
     parser = argparse.ArgumentParser(prog="keras-transformer", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
+
     train = commands.add_parser("train", help="train a translation model into a run directory")
-    _add_train_arguments(train)
+    _add_config_options(train, options.TRANSLATION)
+    _add_run_directory_arguments(train)
+    train.add_argument("--no-evaluate", action="store_true", help="skip the validation BLEU at the end")
     train.set_defaults(handler=_train)
 
-    evaluate = commands.add_parser("evaluate", help="BLEU and chrF of a run on a split")
+    classifier = commands.add_parser("train-classifier", help="train an encoder-only text classifier")
+    _add_config_options(classifier, options.CLASSIFICATION)
+    _add_run_directory_arguments(classifier)
+    classifier.set_defaults(handler=_train_classifier)
+
+    evaluate = commands.add_parser(
+        "evaluate", help="a run's scores: BLEU and chrF (translation), accuracy and F1 (classification)"
+    )
     evaluate.add_argument("run_dir")
-    evaluate.add_argument("--split", choices=["val", "test"], default="val")
-    evaluate.add_argument("--beam-size", type=int)
+    evaluate.add_argument("--split", choices=["val", "test"], default="val", help="translation: the split")
+    evaluate.add_argument("--beam-size", type=int, help="translation: default the run's")
+    evaluate.add_argument("--csv", metavar="FILE", help="classification: a file with text and label columns "
+                          "(default: the run's validation set)")
     evaluate.add_argument("--batch-size", type=int)
     evaluate.set_defaults(handler=_evaluate)
 
@@ -269,14 +100,22 @@ def build_parser():
     )
     translate.set_defaults(handler=_translate)
 
+    classify = commands.add_parser(
+        "classify", help="label texts with a classifier run (arguments, or stdin one a line): label<TAB>probability"
+    )
+    classify.add_argument("run_dir")
+    classify.add_argument("texts", nargs="*")
+    classify.set_defaults(handler=_classify)
+
     export = commands.add_parser("export", help="export a run as a SavedModel for TensorFlow Serving")
     export.add_argument("run_dir")
     export.add_argument("export_base", help="the directory TensorFlow Serving watches; writes EXPORT_BASE/N/")
     export.add_argument("--version", type=int, help="N (default: one more than the highest there)")
-    export.add_argument("--beam-size", type=int, help="default: the run's evaluation setting")
-    export.add_argument("--length-penalty", type=float, metavar="ALPHA", help="default: the run's (0.6)")
+    export.add_argument("--beam-size", type=int, help="translation: default the run's evaluation setting")
+    export.add_argument("--length-penalty", type=float, metavar="ALPHA", help="translation: default the run's (0.6)")
     export.add_argument(
-        "--max-output-length", type=int, metavar="L", help="cap on output tokens (default: the model's max_length)"
+        "--max-output-length", type=int, metavar="L",
+        help="translation: cap on output tokens (default: the model's max_length)",
     )
     export.set_defaults(handler=_export)
 
@@ -289,30 +128,206 @@ def build_parser():
     plot.add_argument("--heads", type=int, nargs="+", help="default: all")
     plot.add_argument("--beam-size", type=int, help="default: the run's evaluation setting")
     plot.set_defaults(handler=_plot_attention)
-
-    classify = commands.add_parser("train-classifier", help="train an encoder-only sentiment classifier")
-    classify.add_argument("--dataset", default="sst2", help="sst2, imdb or csv:PATH (columns text,label)")
-    classify.add_argument("--data-dir", help="default $KERAS_TRANSFORMER_DATA/<name> or ../shared/data/<name>")
-    classify.add_argument("--val-csv", help="csv: validation file (default: 10%% held back)")
-    classify.add_argument("--limit-train", type=int)
-    classify.add_argument("--limit-val", type=int)
-    classify.add_argument("--vocab-size", type=int)
-    for name, kind in {**MODEL_OVERRIDES, "pooling": str}.items():
-        if name != "position":
-            classify.add_argument(f"--{name.replace('_', '-')}", type=kind)
-    for name, kind in {"epochs": int, "max_length": int, "batch_size": int, "warmup_steps": int,
-                       "steps_per_epoch": int, "early_stopping": int, "cpu_replicas": int,
-                       "projector_samples": int}.items():
-        classify.add_argument(f"--{name.replace('_', '-')}", type=kind)
-    classify.add_argument("--strategy", choices=["auto", "mirrored", "none"])
-    classify.add_argument("--precision", choices=["float32", "mixed_float16", "mixed_bfloat16"])
-    _add_run_directory_arguments(classify)
-    classify.set_defaults(handler=_train_classifier)
     return parser
+
+
+# -- the commands --------------------------------------------------------------------------
+
+
+def _config_from_arguments(arguments, task):
+    return options.config_from_options(task, vars(arguments))
+
+
+def _split_cpu_first(arguments):
+    # Splitting the CPU must come before TensorFlow makes its first tensor.
+    replicas = getattr(arguments, "training.cpu_replicas", None)
+    if replicas:
+        from keras_transformer.training import split_cpu
+
+        split_cpu(replicas)
+
+
+def _finished(metrics, out):
+    if not metrics.get("nothing_to_train"):
+        return False
+    print(
+        f"\n{out} has finished its {metrics['epochs_done']} epoch(s): nothing to train. Give --epochs above "
+        f"{metrics['epochs_done']} to train it further, or --overwrite to start over."
+    )
+    return True
+
+
+def _train(arguments):
+    _split_cpu_first(arguments)
+    from keras_transformer.runs import translation
+
+    training = translation.train(
+        _config_from_arguments(arguments, options.TRANSLATION), arguments.out, overwrite=arguments.overwrite
+    )
+    if _finished(training, arguments.out):
+        return
+    print(
+        f"\ntrained {training['epochs_this_session']} epoch(s) in {training['seconds_this_session']:.0f}s "
+        f"({training['seconds_per_epoch']:.0f}s/epoch, {training['parameters']:,} parameters)"
+    )
+    if not arguments.no_evaluate:
+        _report_translation(*translation.evaluate(arguments.out, "val"))
+    print(f"\nrun directory: {arguments.out}")
+    print(f"TensorBoard:   tensorboard --logdir {arguments.out}/logs")
+
+
+def _train_classifier(arguments):
+    _split_cpu_first(arguments)
+    from keras_transformer.runs import classification
+
+    metrics = classification.train(
+        _config_from_arguments(arguments, options.CLASSIFICATION), arguments.out, overwrite=arguments.overwrite
+    )
+    if _finished(metrics["training"], arguments.out):
+        return
+    print(
+        f"\nvalidation accuracy {metrics['val']['accuracy']:.4f} on {metrics['val']['examples']} examples; "
+        f"{metrics['training']['seconds_per_epoch']:.0f}s/epoch"
+    )
+    print(f"run directory: {arguments.out}")
+    print(f"try it:        keras-transformer classify {arguments.out} \"...\"")
+    print(f"TensorBoard:   tensorboard --logdir {arguments.out}/logs   (Projector: the [CLS] embeddings)")
+
+
+def _report_translation(scores, samples):
+    print(
+        f"\nvalidation BLEU {scores['bleu']:.1f} (lowercased {scores['bleu_lowercase']:.1f}), "
+        f"chrF {scores['chrf']:.1f} on {scores['sentences']} sentences, beam size {scores['beam_size']}"
+    )
+    for sample in samples:
+        print(f"\n  source:      {sample['source']}\n  reference:   {sample['reference']}\n  translation: {sample['translation']}")
+
+
+def _report_classification(scores):
+    names = list(scores["classes"])
+    width = max(len(name) for name in names + ["class"])
+    print(f"accuracy {scores['accuracy']:.4f} on {scores['examples']} examples ({scores['data']})\n")
+    print(f"{'class':<{width}}  precision  recall  f1      support")
+    for name, row in scores["classes"].items():
+        print(f"{name:<{width}}  {row['precision']:<9.4f}  {row['recall']:<6.4f}  {row['f1']:<6.4f}  {row['support']}")
+    print(f"\nconfusion matrix (rows: true class, columns: predicted), in the order {', '.join(names)}:")
+    for name, row in zip(names, scores["confusion"]):
+        print(f"{name:<{width}}  " + "  ".join(f"{count:>6}" for count in row))
+
+
+def _task_of(run_dir, command, allowed=options.TASKS):
+    from keras_transformer.runs import run_dir as runs
+
+    task = runs.task_of(run_dir)
+    if task not in allowed:
+        raise ValueError(f"{command} works on {' or '.join(allowed)} runs; {run_dir} is a {task} run")
+    return task
+
+
+def _evaluate(arguments):
+    from keras_transformer.runs import task_module
+
+    task = _task_of(arguments.run_dir, "evaluate")
+    if task == options.TRANSLATION:
+        if arguments.csv:
+            raise ValueError(f"--csv is for classifier runs; {arguments.run_dir} is a translation run")
+        scores, samples = task_module(task).evaluate(
+            arguments.run_dir, arguments.split, arguments.beam_size, arguments.batch_size
+        )
+        _report_translation(scores, samples)
+        print(f"\nhypotheses: {scores['hypotheses']}")
+        print(json.dumps({key: scores[key] for key in ("bleu", "bleu_lowercase", "chrf")}))
+    else:
+        if arguments.beam_size or arguments.split != "val":
+            raise ValueError(f"--beam-size and --split are for translation runs; {arguments.run_dir} is a classifier")
+        _report_classification(task_module(task).evaluate(arguments.run_dir, arguments.csv, arguments.batch_size))
+
+
+def _lines_from_stdin():
+    return [line.rstrip("\n") for line in sys.stdin if line.strip()]
+
+
+def _translate(arguments):
+    sentences = arguments.sentences
+    if arguments.saved_model:
+        # No run directory with an export: the first positional is a sentence.
+        if arguments.beam_size:
+            raise ValueError("--beam-size cannot change an export: its beam size was fixed by `export`")
+        sentences = ([arguments.run_dir] if arguments.run_dir else []) + sentences
+    elif not arguments.run_dir:
+        raise ValueError("translate needs a run directory or --saved-model EXPORT")
+    else:
+        _task_of(arguments.run_dir, "translate", (options.TRANSLATION,))
+    sentences = sentences or _lines_from_stdin()
+    from keras_transformer.runs import translation
+
+    if arguments.saved_model:
+        translations = translation.translate_with_export(arguments.saved_model, sentences)
+    else:
+        translations = translation.translate(arguments.run_dir, sentences, arguments.beam_size)
+    for sentence in translations:
+        print(sentence)
+
+
+def _classify(arguments):
+    _task_of(arguments.run_dir, "classify", (options.CLASSIFICATION,))
+    from keras_transformer.runs import classification
+
+    for label, probability in classification.classify(arguments.run_dir, arguments.texts or _lines_from_stdin()):
+        print(f"{label}\t{probability:.4f}")
+
+
+def _export(arguments):
+    from keras_transformer.runs import task_module
+
+    task = _task_of(arguments.run_dir, "export")
+    if task == options.TRANSLATION:
+        path = task_module(task).export(
+            arguments.run_dir,
+            arguments.export_base,
+            version=arguments.version,
+            beam_size=arguments.beam_size,
+            length_alpha=arguments.length_penalty,
+            max_output_length=arguments.max_output_length,
+        )
+        print(f"exported SavedModel: {path}")
+        print("signatures: serving_default, translate_with_attention, score_tokens")
+        print(f"try it:     keras-transformer translate --saved-model {path} \"...\"")
+    else:
+        if arguments.beam_size or arguments.length_penalty is not None or arguments.max_output_length:
+            raise ValueError("--beam-size, --length-penalty and --max-output-length are for translation runs")
+        path = task_module(task).export(arguments.run_dir, arguments.export_base, version=arguments.version)
+        print(f"exported SavedModel: {path}")
+        print("signature: serving_default (text -> label, label_id, probabilities, embedding)")
+
+
+def _plot_attention(arguments):
+    _task_of(arguments.run_dir, "plot-attention", (options.TRANSLATION,))
+    from keras_transformer.runs import translation
+
+    sentence = translation.plot_attention(
+        arguments.run_dir, arguments.sentence, arguments.out, kind=arguments.kind, layer=arguments.layer,
+        beam_size=arguments.beam_size, heads=arguments.heads,
+    )
+    print(sentence)
+    print(f"attention map: {arguments.out}")
+
+
+# -- running -----------------------------------------------------------------------------
+
+
+def _quiet_tensorflow():
+    """No start-up chatter from TensorFlow's C++ side (device probing, oneDNN notices) unless asked for.
+
+    Must run before TensorFlow is imported; a TF_CPP_MIN_LOG_LEVEL the user
+    set wins.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
 def main(argv=None):
     arguments = build_parser().parse_args(argv)
+    _quiet_tensorflow()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         arguments.handler(arguments)

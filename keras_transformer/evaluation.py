@@ -1,8 +1,8 @@
-"""BLEU and chrF on detokenized text, with sacrebleu (the paper reports BLEU).
+"""How good a run is: BLEU and chrF for translations, accuracy and F1 for a classifier.
 
-Scores are computed on readable text with sacrebleu's standard 13a
-tokenization, so they compare with published figures: cased, as the
-primary figure, and lowercased as a second one.
+Translation scores are computed on readable text with sacrebleu's standard
+13a tokenization, so they compare with published figures (the paper reports
+BLEU): cased, as the primary figure, and lowercased as a second one.
 """
 
 import sacrebleu
@@ -25,3 +25,38 @@ def translation_scores(hypotheses, references):
         "signature": str(bleu.get_signature()),
         "sentences": len(references),
     }
+
+
+def classification_scores(predictions, labels, class_names):
+    """Accuracy, per-class precision, recall and F1, and the confusion matrix.
+
+    Args:
+        predictions, labels: parallel lists of class ids.
+        class_names: the name of each class id.
+
+    Returns:
+        `{"accuracy", "examples", "classes": {name: {"precision", "recall",
+        "f1", "support"}}, "confusion": rows = true class, columns = predicted}`.
+        A class never predicted has precision 0; one never present, recall 0.
+    """
+    if len(predictions) != len(labels):
+        raise ValueError(f"{len(predictions)} predictions for {len(labels)} labels")
+    if not labels:
+        raise ValueError("no examples to score")
+    size = len(class_names)
+    confusion = [[0] * size for _ in range(size)]
+    for label, prediction in zip(labels, predictions):
+        confusion[label][prediction] += 1
+    classes = {}
+    for index, name in enumerate(class_names):
+        correct = confusion[index][index]
+        predicted = sum(row[index] for row in confusion)
+        present = sum(confusion[index])
+        precision = correct / predicted if predicted else 0.0
+        recall = correct / present if present else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        classes[name] = {
+            "precision": round(precision, 4), "recall": round(recall, 4), "f1": round(f1, 4), "support": present
+        }
+    correct = sum(confusion[index][index] for index in range(size))
+    return {"accuracy": round(correct / len(labels), 4), "examples": len(labels), "classes": classes, "confusion": confusion}

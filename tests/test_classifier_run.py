@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from keras_transformer import classifier_runs
+from keras_transformer import text
+from keras_transformer.runs import classification, options
 
 POSITIVE = ["great", "wonderful", "moving", "funny", "superb"]
 NEGATIVE = ["awful", "boring", "dull", "clumsy", "terrible"]
@@ -36,7 +37,7 @@ def test_a_classifier_learns_sentiment_words_and_logs_its_embeddings(tmp_path):
         "training": {"epochs": 3, "batch_size": 32, "max_length": 16, "warmup_steps": 20, "projector_samples": 60},
     }
     run = tmp_path / "run"
-    metrics = classifier_runs.train_classifier(config, str(run), verbose=0)
+    metrics = classification.train(config, str(run), verbose=0)
     assert metrics["val"]["examples"] == 100 and metrics["val"]["accuracy"] > 0.9, metrics
     assert json.loads((run / "metrics.json").read_text()) == metrics
     vocab = (run / "vocab" / "vocab.txt").read_text(encoding="utf-8").splitlines()
@@ -50,14 +51,14 @@ def test_texts_are_framed_by_cls_and_cut_to_max_length(tmp_path):
     from keras_transformer import text
 
     tokenizer = text.WordPieceTokenizer.learn(
-        ["a great film", "an awful film"] * 5, vocab_size=40, reserved_tokens=classifier_runs.CLASSIFIER_TOKENS
+        ["a great film", "an awful film"] * 5, vocab_size=40, reserved_tokens=text.CLASSIFIER_TOKENS
     )
-    ids = classifier_runs.encode(tokenizer, ["a great film a great film a great film", "film"], max_length=5).numpy()
+    ids = tokenizer.tokenize_with_cls(["a great film a great film a great film", "film"], max_length=5).numpy()
     cls_id = tokenizer.vocab.index("[CLS]")
     assert ids.shape == (2, 5) and (ids[:, 0] == cls_id).all()
     assert (ids[1, 2:] == 0).all() and (ids[0] != 0).all()
     with pytest.raises(ValueError, match="csv:PATH"):
-        classifier_runs.load_examples({**classifier_runs.DEFAULT_CONFIG["data"], "dataset": "csv"})
+        classification.load_examples({**options.DEFAULTS["classification"]["data"], "dataset": "csv"})
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """A run directory survives what users and machines do to it: kills, reruns, damaged files.
 
 - A killed run resumes and trains exactly as if it had never stopped, to the last digit.
-- A rerun never loses work nor silently ignores what it was asked (the rules in `runs.start_run`).
+- A rerun never loses work nor silently ignores what it was asked (the rules in `runs.run_dir.start`).
 - A damaged or crafted file gets one line naming it and exit status 2 from every command, never a
   traceback.
 """
@@ -17,7 +17,7 @@ import pytest
 
 from helpers import CLI, ENV, TINY_MODEL, cli
 from keras_transformer import cli as command_line
-from keras_transformer import runs
+from keras_transformer.runs import options, run_dir, translation
 
 SMALL_RUN = [
     "--dataset", "demo", "--limit-train", "1500", "--limit-val", "20", "--no-evaluate",
@@ -49,7 +49,7 @@ def test_a_run_killed_during_an_epoch_resumes_exactly_as_if_never_stopped(tmp_pa
     process.wait()
     assert len(history(killed)) == 1 and not (killed / "model.keras").exists()
     # Until training finishes, the run translates with its best checkpoint so far.
-    assert runs.translate(killed, ["the dog sees a cat ."], beam_size=1)[0].strip()
+    assert translation.translate(killed, ["the dog sees a cat ."], beam_size=1)[0].strip()
 
     resumed = cli(*arguments)
     assert "Epoch 2/3" in resumed.stdout and "Epoch 1/3" not in resumed.stdout
@@ -123,14 +123,14 @@ def trained(tmp_path_factory):
     """A finished tiny run and its export, to be copied and damaged by each test."""
     base = tmp_path_factory.mktemp("damaged")
     run = base / "run"
-    config = runs.merge_config(runs.DEMO_CONFIG, {
+    config = options.merge_config(options.DEMO, {
         "data": {"limit_train": 600, "limit_val": 10},
         "model": {"num_layers": 1, "d_model": 32, "num_heads": 2, "d_ff": 64},
         "training": {"epochs": 1, "attention_samples": 0, "warmup_steps": 50, "precision": "float32"},
     })
-    runs.train(config, str(run), verbose=0)
+    translation.train(config, str(run), verbose=0)
     export = base / "export"
-    runs.export(str(run), str(export))
+    translation.export(str(run), str(export))
     return run, export / "1"
 
 
@@ -225,7 +225,7 @@ def test_a_damaged_checkpoint_backup_or_export_is_named_in_one_line(trained, tmp
     shutil.copyfile(backup / "latest.weights.h5", backup / "latest.weights.h5.bkp")  # as after a second epoch
     shutil.copyfile(backup / "training_metadata.json", backup / "training_metadata.json.bkp")
     truncate(run / "backup" / "latest.weights.h5")
-    resumable = runs.RunState(str(run), runs.load_config(str(run)))
+    resumable = run_dir.RunState(str(run), translation.load_config(str(run)))
     assert resumable.epochs_done == 1  # the earlier backup took its place
     truncate(run / "backup" / "latest.weights.h5")
     truncate(run / "backup" / "latest.weights.h5.bkp")

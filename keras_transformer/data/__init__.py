@@ -20,7 +20,12 @@ from keras_transformer.data.sentiment import (
     load_sst2,
     read_labelled,
 )
-from keras_transformer.data.pipeline import TranslationBatches, make_translation_batches, shuffle_each_epoch
+from keras_transformer.data.pipeline import (
+    TranslationBatches,
+    make_classification_batches,
+    make_translation_batches,
+    shuffle_each_epoch,
+)
 
 __all__ = [
     "CorpusError",
@@ -32,6 +37,7 @@ __all__ = [
     "load_labelled_csv",
     "load_sst2",
     "load_multi30k",
+    "make_classification_batches",
     "make_translation_batches",
     "shuffle_each_epoch",
     "multi30k_directory",

@@ -11,6 +11,8 @@ and asks it to predict the target shifted left (w1 w2 ... [END]).
 training batch contained a set of sentence pairs containing approximately
 25000 source tokens and 25000 target tokens": `tokens_per_batch` does that.
 Pairs of similar length share a batch, so little compute goes to padding.
+
+A classifier's labelled texts take a simpler road: `make_classification_batches`.
 """
 
 import dataclasses
@@ -200,3 +202,38 @@ def shuffle_each_epoch(dataset, buffer_size, seed=None):
         return dataset.shuffle(buffer_size, seed=seed * 1_000_003 + this_epoch)
 
     return tf.data.Dataset.from_tensors(0).flat_map(one_pass), epoch
+
+
+def make_classification_batches(examples, tokenizer, max_length, batch_size, shuffle=False, seed=0, drop_remainder=False):
+    """Labelled texts -> a tf.data pipeline of `(ids, label)` batches for an encoder-only classifier.
+
+        (text, label) pairs -> shuffle each epoch -> batch -> [CLS] + pieces -> prefetch
+
+    The text is tokenized inside the pipeline (`tokenizer.tokenize_with_cls`),
+    each batch padded to its longest text, at most `max_length` ids.
+
+    Args:
+        examples: `[(text, label), ...]` with integer labels.
+        tokenizer: a `WordPieceTokenizer` with the [CLS] token.
+        max_length: ids per text, [CLS] included; longer texts are cut.
+        batch_size: texts per batch.
+        shuffle: reshuffle every epoch (see `shuffle_each_epoch`) with `seed`.
+        drop_remainder: drop a last, smaller batch (every replica of a
+            distributed run then gets a share of every batch).
+
+    Returns:
+        `(dataset, epoch)`: `epoch` is the variable that sets each pass's
+        order (for an exact resume), None without `shuffle`.
+    """
+    texts = tf.constant([text for text, _ in examples], tf.string)
+    labels = tf.constant([label for _, label in examples], tf.int32)
+    dataset = tf.data.Dataset.from_tensor_slices((texts, labels))
+    epoch = None
+    if shuffle:
+        dataset, epoch = shuffle_each_epoch(dataset, len(examples), seed)
+    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+    dataset = dataset.map(
+        lambda batch, batch_labels: (tokenizer.tokenize_with_cls(batch, max_length), batch_labels),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
+    return dataset.prefetch(tf.data.AUTOTUNE), epoch

@@ -47,8 +47,11 @@ def _open_text(path):
         raise CorpusError(f"{path}, line {line}: bytes that are not UTF-8 ({error.reason})") from None
 
 
-def read_labelled(path, text_column="text", label_column="label", delimiter=None):
-    """`[(text, label)]` from a CSV/TSV (optionally .gz) whose header names the two columns."""
+def read_labelled(path, text_column="text", label_column="label", delimiter=None, num_classes=None):
+    """`[(text, label)]` from a CSV/TSV (optionally .gz) whose header names the two columns.
+
+    With `num_classes`, a label outside 0..num_classes-1 is an error too.
+    """
     content = _open_text(path)
     if delimiter is None:
         delimiter = "\t" if ".tsv" in Path(path).suffixes else ","
@@ -70,6 +73,8 @@ def read_labelled(path, text_column="text", label_column="label", delimiter=None
             raise CorpusError(f"{path}, line {line}: label {label!r} is not an integer") from None
         if label < 0:
             raise CorpusError(f"{path}, line {line}: label {label} is negative")
+        if num_classes is not None and label >= num_classes:
+            raise CorpusError(f"{path}, line {line}: label {label} is not one of the model's classes 0..{num_classes - 1}")
         examples.append((_HTML_BREAK.sub(" ", text), label))
     if not examples:
         raise CorpusError(f"{path}: no examples")

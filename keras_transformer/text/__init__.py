@@ -1,6 +1,8 @@
 """Text <-> token ids with tensorflow-text (no model knowledge here)."""
 
 from keras_transformer.text.tokenizer import (
+    CLASSIFIER_TOKENS,
+    CLS,
     END,
     PAD,
     RESERVED_TOKENS,
@@ -10,4 +12,4 @@ from keras_transformer.text.tokenizer import (
     normalize,
 )
 
-__all__ = ["END", "PAD", "RESERVED_TOKENS", "START", "UNK", "WordPieceTokenizer", "normalize"]
+__all__ = ["CLASSIFIER_TOKENS", "CLS", "END", "PAD", "RESERVED_TOKENS", "START", "UNK", "WordPieceTokenizer", "normalize"]

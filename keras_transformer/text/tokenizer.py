@@ -9,6 +9,8 @@ and goes into an exported SavedModel with no Python left.
 
 Ids 0..3 are reserved: `[PAD]` (padding, masked everywhere), `[UNK]`,
 `[START]` (the decoder's first input) and `[END]` (where a translation stops).
+A classifier's vocabulary adds `[CLS]`: the token put in front of every text,
+whose final state sums the text up (BERT's convention).
 """
 
 import json
@@ -22,6 +24,8 @@ from keras_transformer.saving import DamagedFileError, read_json
 
 PAD, UNK, START, END = "[PAD]", "[UNK]", "[START]", "[END]"
 RESERVED_TOKENS = (PAD, UNK, START, END)
+CLS = "[CLS]"
+CLASSIFIER_TOKENS = RESERVED_TOKENS + (CLS,)
 
 # Vocabulary learning searches for a count threshold that yields the asked-for
 # size. The library's defaults search up to 10^7 and need 10 occurrences;
@@ -163,6 +167,16 @@ class WordPieceTokenizer(tf.Module):
         starts = tf.fill([batch, 1], self.start_id)
         ends = tf.fill([batch, 1], self.end_id)
         return tf.concat([starts, ids, ends], axis=1)
+
+    def tokenize_with_cls(self, strings, max_length):
+        """`(batch,)` strings -> dense `(batch, <= max_length)` int32 ids: [CLS], then the pieces, cut to fit.
+
+        For a classifier, whose vocabulary has `CLASSIFIER_TOKENS`; the
+        padding is `[PAD]` (id 0), which the encoder masks.
+        """
+        pieces = self.tokenize(strings, add_start_end=False)[:, : max_length - 1]
+        cls_column = tf.fill([pieces.nrows(), 1], self.vocab.index(CLS))
+        return tf.concat([cls_column, pieces], axis=1).to_tensor()
 
     def _content_ids(self, ids):
         """Drop padding and the start/end markers: what remains is text."""

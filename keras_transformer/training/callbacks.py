@@ -1,7 +1,5 @@
 """Callbacks that `fit` needs for a real training run."""
 
-import os
-
 import keras
 import numpy as np
 from keras import ops
@@ -111,9 +109,11 @@ class EpochSeeds(keras.callbacks.Callback):
 
 
 def training_callbacks(
-    run_dir,
+    checkpoint_path,
+    backup_dir,
+    history_path,
+    log_dir=None,
     early_stopping_patience=None,
-    tensorboard=True,
     monitor="val_loss",
     averaged_weights=False,
     epoch_variables=(),
@@ -121,12 +121,14 @@ def training_callbacks(
 ):
     """The standard set: checkpoint the best model, resume after a kill, log, stop on NaN.
 
-    Writes `checkpoints/best.weights.h5`, `backup/` (BackupAndRestore),
-    `logs/` (TensorBoard: loss, accuracy, perplexity, learning rate) and
-    `history.csv` inside `run_dir`. "Best" and early stopping follow
-    `monitor` (lower is better for a loss, higher for an accuracy).
-    `averaged_weights=True` (for an optimizer with `use_ema=True`) puts
-    `AveragedWeights` first, so that all of them see the weights' average.
+    Writes the best weights to `checkpoint_path`, `backup_dir`
+    (BackupAndRestore), one CSV row per epoch to `history_path` and, with a
+    `log_dir`, TensorBoard logs (loss, accuracy, perplexity, learning rate).
+    A run directory names these paths (`keras_transformer.runs.run_dir`).
+    "Best" and early stopping follow `monitor` (lower is better for a loss,
+    higher for an accuracy). `averaged_weights=True` (for an optimizer with
+    `use_ema=True`) puts `AveragedWeights` first, so that all of them see the
+    weights' average.
 
     A run can be resumed, and its result is the same as if it had never
     stopped: the backup is written at the end of every epoch (and the one
@@ -144,19 +146,17 @@ def training_callbacks(
         keras.callbacks.TerminateOnNaN(),
         LearningRateLogger(),
         keras.callbacks.ModelCheckpoint(
-            os.path.join(run_dir, "checkpoints", "best.weights.h5"),
+            checkpoint_path,
             monitor=monitor,
             save_best_only=True,
             save_weights_only=True,
             initial_value_threshold=best_so_far,
         ),
-        keras.callbacks.BackupAndRestore(
-            os.path.join(run_dir, "backup"), double_checkpoint=True, delete_checkpoint=False
-        ),
-        keras.callbacks.CSVLogger(os.path.join(run_dir, "history.csv"), append=True),
+        keras.callbacks.BackupAndRestore(backup_dir, double_checkpoint=True, delete_checkpoint=False),
+        keras.callbacks.CSVLogger(history_path, append=True),
     ]
-    if tensorboard:
-        callbacks.append(keras.callbacks.TensorBoard(os.path.join(run_dir, "logs"), update_freq="epoch"))
+    if log_dir:
+        callbacks.append(keras.callbacks.TensorBoard(log_dir, update_freq="epoch"))
     if early_stopping_patience:
         callbacks.append(
             keras.callbacks.EarlyStopping(

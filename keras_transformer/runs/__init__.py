@@ -1,0 +1,23 @@
+"""Runs: the floor that wires data, text, models, training, inference and export into tasks.
+
+    run_dir.py         a run on disk: its layout, start / resume / continue, finishing, metrics
+    options.py         every setting's default, and the table of command-line options
+    translation.py     train | evaluate | translate | export | plot-attention a translator
+    classification.py  train-classifier | classify | evaluate | export a text classifier
+
+`keras-transformer` (cli.py) parses a command and calls a task module. A
+task module never imports another; what they share is in `run_dir`. A new
+task is one module here, its defaults and rows in `options`, and its
+commands in cli.py.
+"""
+
+import importlib
+
+
+def task_module(task):
+    """The module of `task` ("translation", "classification"), imported on first use."""
+    from keras_transformer.runs.options import TASKS
+
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; this version knows {', '.join(TASKS)}")
+    return importlib.import_module(f"keras_transformer.runs.{task}")

@@ -1,0 +1,272 @@
+"""Text classification runs: what `keras-transformer train-classifier|classify|evaluate|export` do.
+
+    labelled texts (data) -> WordPiece vocabulary with [CLS] (text)
+      -> "[CLS] pieces ..." batches (data) -> TransformerClassifier (models)
+      -> model.fit (training) -> model.keras in the run directory
+      -> label and probability per text; accuracy, F1, confusion (evaluation)
+      -> SavedModel for TensorFlow Serving (export)
+
+The encoder-only path of the sentiment tutorials: the final state of [CLS]
+through a linear head. Like `translation`, this module only wires the floors
+together; the run directory is `run_dir`'s, the settings are `options`'.
+A classifier run also keeps its class names (`labels.txt`), for `classify`
+and the export.
+"""
+
+import logging
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_transformer import data, evaluation, models, saving, text, training
+from keras_transformer.callbacks import EmbeddingProjectorLogger
+from keras_transformer.runs import run_dir as runs
+from keras_transformer.runs.options import CLASSIFICATION, CLASSIFICATION_DATASETS, DEFAULTS, SENTIMENT_LABELS
+
+logger = logging.getLogger("keras_transformer")
+
+# -- data, labels and tokenizer ------------------------------------------------------
+
+
+def with_dataset_path(config):
+    """`--dataset csv:PATH` as the config keeps it: dataset "csv", the path in `data.csv`."""
+    dataset = config.get("data", {}).get("dataset")
+    if dataset is None:
+        return config
+    name, _, csv_path = dataset.partition(":")
+    if name not in CLASSIFICATION_DATASETS or (name == "csv") != bool(csv_path or config["data"].get("csv")):
+        raise ValueError(f"dataset must be sst2, imdb or csv:PATH, got {dataset!r}")
+    updated = {**config, "data": {**config["data"], "dataset": name}}
+    if csv_path:
+        updated["data"]["csv"] = csv_path
+    return updated
+
+
+def load_examples(data_config):
+    """`{"train": [(text, label)], "val": [...]}` for the configured corpus."""
+    dataset = data_config["dataset"]
+    if dataset == "sst2":
+        examples = data.load_sst2(data_config["data_dir"])
+    elif dataset == "imdb":
+        examples = data.load_imdb(data_config["data_dir"], data_config["val_fraction"])
+    elif dataset == "csv":
+        if not data_config["csv"]:
+            raise ValueError("dataset csv needs a file: --dataset csv:PATH")
+        examples = data.load_labelled_csv(data_config["csv"], data_config["val_csv"], data_config["val_fraction"])
+    else:
+        raise ValueError(f"dataset must be sst2, imdb or csv:PATH, got {dataset!r}")
+    for split in ("train", "val"):
+        limit = data_config[f"limit_{split}"]
+        if limit:
+            examples[split] = examples[split][:limit]
+    return examples
+
+
+def class_names(data_config, num_classes):
+    """The name of each label id: the config's `labels`, the sentiment sets' names, else "0", "1", ..."""
+    names = data_config.get("labels")
+    if names is None and data_config["dataset"] in ("sst2", "imdb") and num_classes == len(SENTIMENT_LABELS):
+        names = SENTIMENT_LABELS
+    names = [str(name) for name in names] if names is not None else [str(label) for label in range(num_classes)]
+    if len(names) != num_classes:
+        raise ValueError(f"data.labels names {len(names)} classes; the data has {num_classes}")
+    return names
+
+
+def save_class_names(run_dir, names):
+    saving.replace_whole(runs.path(run_dir, runs.LABELS), lambda staging: _write_lines(staging, names))
+
+
+def load_class_names(run_dir):
+    labels_path = runs.path(run_dir, runs.LABELS)
+    if not os.path.exists(labels_path):
+        raise FileNotFoundError(f"{run_dir} has no {runs.LABELS}: is it a classifier run whose training started?")
+    with open(labels_path, encoding="utf-8") as file:
+        return file.read().splitlines()
+
+
+def _write_lines(file_path, lines):
+    with open(file_path, "w", encoding="utf-8") as file:
+        file.write("\n".join(lines) + "\n")
+
+
+def tokenizer(run_dir, tokenizer_config, train_texts=None):
+    """The run's tokenizer (vocabulary with [CLS]): loaded, or learned from `train_texts` and saved."""
+    return runs.learn_or_load_tokenizer(
+        run_dir, "", train_texts or [], tokenizer_config["vocab_size"], tokenizer_config["lower_case"],
+        reserved_tokens=text.CLASSIFIER_TOKENS,
+    )
+
+
+# -- model ---------------------------------------------------------------------------
+
+
+def build_model(config, vocab_size, num_classes):
+    """The run's TransformerClassifier, built (weights made), not trained."""
+    model = models.TransformerClassifier(
+        vocab_size=vocab_size, num_classes=num_classes, max_length=config["training"]["max_length"], **config["model"]
+    )
+    model.build((None, None))
+    return model
+
+
+def compile_model(model, config):
+    settings = config["training"]
+    model.compile(
+        optimizer=training.transformer_optimizer(
+            config["model"]["d_model"],
+            settings["warmup_steps"],
+            settings["learning_rate_scale"],
+            weight_decay=settings["weight_decay"],
+            ema_momentum=settings["ema_momentum"],
+        ),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+        jit_compile=settings["jit_compile"],
+    )
+    training.build_optimizer_variables(model)
+
+
+# -- the commands ------------------------------------------------------------------
+
+
+def train(config, run_dir, verbose=1, overwrite=False):
+    """Train, resume or continue a classification run in `run_dir` (rules: `run_dir.start`); returns the metrics."""
+    config, strategy, state = runs.start(run_dir, with_dataset_path(config), DEFAULTS[CLASSIFICATION], overwrite)
+    settings = config["training"]
+    if state.finished:
+        return runs.nothing_to_train(run_dir, state)
+    examples = load_examples(config["data"])
+    num_classes = max(label for _, label in examples["train"] + examples["val"]) + 1
+    save_class_names(run_dir, class_names(config["data"], num_classes))
+    text_tokenizer = tokenizer(run_dir, config["tokenizer"], [example_text for example_text, _ in examples["train"]])
+
+    max_length, batch_size = settings["max_length"], settings["batch_size"]
+    replicas = strategy.num_replicas_in_sync
+    train_batches, train_epoch = data.make_classification_batches(
+        examples["train"], text_tokenizer, max_length, batch_size, shuffle=True, seed=settings["seed"],
+        drop_remainder=replicas > 1,  # every replica gets a share of every batch
+    )
+    val_batches, _ = data.make_classification_batches(examples["val"], text_tokenizer, max_length, batch_size)
+    with strategy.scope():
+        model = build_model(config, text_tokenizer.vocab_size, num_classes)
+        compile_model(model, config)
+    logger.info("model: %d parameters, %d replica(s)", model.count_params(), replicas)
+
+    callbacks = runs.training_callbacks(
+        run_dir, settings, state, epoch_variables=[train_epoch], averaged_weights=settings["ema_momentum"] is not None
+    )
+    sample = examples["val"][: settings["projector_samples"]]
+    if len(sample) >= 3:
+        sample_texts = [example_text for example_text, _ in sample]
+        callbacks.append(
+            EmbeddingProjectorLogger(
+                text_tokenizer.tokenize_with_cls(tf.constant(sample_texts), max_length).numpy(),
+                [label for _, label in sample],
+                sample_texts,
+                runs.log_path(run_dir, "embeddings"),
+            )
+        )
+    if settings["steps_per_epoch"]:
+        train_batches = train_batches.repeat()
+    training_metrics = runs.fit(
+        model, run_dir, state, train_batches,
+        dict(validation_data=val_batches, epochs=settings["epochs"], steps_per_epoch=settings["steps_per_epoch"],
+             verbose=verbose),
+        callbacks,
+    )
+    training_metrics.update(train_examples=len(examples["train"]), replicas=replicas)
+    _, accuracy = model.evaluate(val_batches, verbose=0)
+    return runs.update_metrics(
+        run_dir,
+        {"val": {"accuracy": round(float(accuracy), 4), "examples": len(examples["val"])}, "training": training_metrics},
+    )
+
+
+def load_config(run_dir):
+    return runs.load_config(run_dir, DEFAULTS[CLASSIFICATION])
+
+
+class Classifier:
+    """A trained run's model, tokenizer and class names: texts in, labels and probabilities out."""
+
+    def __init__(self, run_dir):
+        self.config = load_config(run_dir)
+        self.class_names = load_class_names(run_dir)
+        self.tokenizer = tokenizer(run_dir, self.config["tokenizer"])
+        self.max_length = self.config["training"]["max_length"]
+        self.model = runs.load_trained_model(
+            run_dir, lambda: build_model(self.config, self.tokenizer.vocab_size, len(self.class_names))
+        )
+
+    def token_ids(self, texts):
+        return self.tokenizer.tokenize_with_cls(tf.constant(list(texts), tf.string), self.max_length)
+
+    def probabilities(self, texts, batch_size=64):
+        """`(len(texts), classes)` float32 softmax probabilities."""
+        texts = list(texts)
+        batches = [np.zeros((0, len(self.class_names)), np.float32)]
+        for start in range(0, len(texts), batch_size):
+            logits = self.model(self.token_ids(texts[start : start + batch_size]), training=False)
+            batches.append(keras.ops.convert_to_numpy(keras.ops.softmax(logits)))
+        return np.concatenate(batches)
+
+    def classify(self, texts, batch_size=64):
+        """`[(label name, its probability)]`, one per text."""
+        probabilities = self.probabilities(texts, batch_size)
+        return [(self.class_names[int(row.argmax())], float(row.max())) for row in probabilities]
+
+
+def classify(run_dir, texts):
+    return Classifier(run_dir).classify(texts)
+
+
+def evaluate(run_dir, csv_path=None, batch_size=None):
+    """Accuracy, per-class precision/recall/F1 and the confusion matrix on the run's validation set or a CSV.
+
+    The CSV needs `text` and `label` columns (label ids, as in training); a
+    bad row fails with its file and line. The validation set's scores are
+    recorded in `metrics.json`.
+    """
+    classifier = Classifier(run_dir)
+    if csv_path:
+        examples = data.read_labelled(csv_path, num_classes=len(classifier.class_names))
+    else:
+        examples = load_examples(classifier.config["data"])["val"]
+    probabilities = classifier.probabilities(
+        [example_text for example_text, _ in examples], batch_size or classifier.config["evaluation"]["batch_size"]
+    )
+    scores = evaluation.classification_scores(
+        probabilities.argmax(axis=-1).tolist(), [label for _, label in examples], classifier.class_names
+    )
+    scores["data"] = csv_path or "val"
+    if not csv_path:
+        runs.update_metrics(run_dir, {"val": scores})
+    return scores
+
+
+def export(run_dir, export_base, version=None):
+    """Write the run's classifier as `export_base/<version>/` for TensorFlow Serving; returns the path."""
+    from keras_transformer.export import export_classifier, version_path
+
+    version_path(export_base, version)  # a taken version fails before the model is loaded
+    classifier = Classifier(run_dir)
+    return export_classifier(
+        classifier.model, classifier.tokenizer, classifier.max_length, export_base,
+        labels=classifier.class_names, version=version,
+    )
+
+
+__all__ = [
+    "Classifier",
+    "build_model",
+    "class_names",
+    "classify",
+    "evaluate",
+    "export",
+    "load_config",
+    "load_examples",
+    "train",
+]

@@ -1,0 +1,258 @@
+"""Every setting of a run: its default, and one table of the options a user can give.
+
+A run's `config.json` has sections (data, tokenizer, model, training,
+evaluation) of keys. `DEFAULTS` holds each task's values; `OPTIONS` is the
+table the command line is built from: one row per option, saying which
+config key it sets, its type, its choices and its help. A new setting is one
+default and one row; a new task is one entry in `DEFAULTS` and the rows
+it takes.
+
+This module imports nothing heavy: `keras-transformer --help` reads it
+without starting TensorFlow. That is also why the few choices that are the
+library's names (strategies, precisions, presets, ...) are written out here;
+`tests/test_cli.py` checks that they match the library's constants.
+"""
+
+import copy
+import dataclasses
+
+TRANSLATION = "translation"
+CLASSIFICATION = "classification"
+TASKS = (TRANSLATION, CLASSIFICATION)
+
+TRANSLATION_DATASETS = ("demo", "multi30k", "files")
+# A classifier's corpora; "csv:PATH" names any file with text and label columns.
+CLASSIFICATION_DATASETS = ("sst2", "imdb", "csv")
+# Class names of the built-in sentiment sets, for `classify` and the export.
+SENTIMENT_LABELS = ("negative", "positive")
+
+DEFAULTS = {
+    TRANSLATION: {
+        "task": TRANSLATION,
+        "data": {
+            "dataset": "demo",
+            "data_dir": None,
+            "direction": "de-en",  # Multi30k only
+            "train_source": None,  # dataset "files": two aligned files or one TSV
+            "train_target": None,
+            "train_tsv": None,
+            "val_source": None,
+            "val_target": None,
+            "val_tsv": None,
+            "limit_train": None,  # use only the first N training pairs
+            "limit_val": None,
+        },
+        "tokenizer": {"vocab_size": 8000, "shared": False, "lower_case": False},
+        "model": {"preset": "small"},  # plus any Transformer argument
+        "training": {
+            "epochs": 10,
+            "max_length": 128,
+            "long_pairs": "drop",
+            "tokens_per_batch": 4096,
+            "batch_size": None,
+            "warmup_steps": 4000,
+            "learning_rate_scale": 1.0,
+            "label_smoothing": 0.1,
+            "steps_per_epoch": None,
+            "early_stopping": None,
+            "strategy": "auto",
+            "cpu_replicas": None,
+            "precision": "float32",
+            "jit_compile": False,
+            "seed": 0,
+            # TensorBoard: attention maps of this many validation pairs, and the
+            # greedy BLEU of this many, after every epoch (0 turns either off).
+            "attention_samples": 3,
+            "bleu_samples": 200,
+        },
+        "evaluation": {"beam_size": 4, "length_alpha": 0.6, "max_extra_length": 50, "batch_size": 64},
+    },
+    CLASSIFICATION: {
+        "task": CLASSIFICATION,
+        "data": {
+            "dataset": "sst2",
+            "data_dir": None,
+            "csv": None,  # dataset csv: a file with text and label columns
+            "val_csv": None,
+            "val_fraction": 0.1,  # imdb and csv without val_csv: held back from train
+            "limit_train": None,
+            "limit_val": None,
+            "labels": None,  # class names, by label id; default: SENTIMENT_LABELS for sst2/imdb, else "0", "1", ...
+        },
+        "tokenizer": {"vocab_size": 8000, "lower_case": True},
+        "model": {"num_layers": 2, "d_model": 128, "num_heads": 4, "d_ff": 256, "dropout": 0.1, "pooling": "cls"},
+        "training": {
+            "epochs": 3,
+            "max_length": 64,
+            "batch_size": 64,
+            "warmup_steps": 1000,
+            "learning_rate_scale": 1.0,
+            "weight_decay": None,  # AdamW's decoupled decay of weight matrices, e.g. 0.1
+            # Validate and keep a moving average of the weights (over ~1/(1 - m)
+            # steps), e.g. 0.998; None: the weights of the epoch's last step.
+            "ema_momentum": None,
+            "steps_per_epoch": None,
+            "early_stopping": None,
+            # The checkpoint kept (and early stopping) follow validation accuracy:
+            # a classifier's loss can rise while it gets more examples right.
+            "monitor": "val_accuracy",
+            "strategy": "auto",
+            "cpu_replicas": None,
+            "precision": "float32",
+            "jit_compile": False,
+            "seed": 0,
+            "projector_samples": 500,
+        },
+        "evaluation": {"batch_size": 64},
+    },
+}
+
+# `--dataset demo`: a corpus and a model small enough to train in a few
+# minutes on two CPU cores. bfloat16 matmuls are ~1.4x faster than float32
+# on CPUs with AMX (and on GPUs).
+DEMO = {
+    "tokenizer": {"vocab_size": 1000},
+    "model": {"preset": None, "num_layers": 2, "d_model": 128, "num_heads": 4, "d_ff": 512, "dropout": 0.1},
+    "training": {
+        "epochs": 4,
+        "max_length": 40,
+        "tokens_per_batch": 3072,
+        "warmup_steps": 300,
+        "precision": "mixed_bfloat16",
+    },
+    "evaluation": {"beam_size": 1},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One command-line option: which config key it sets, and how it reads.
+
+    `type` is int, float, str, or bool for a switch (`--shared-vocab`
+    sets True). The flag is `--key-with-dashes` unless `flag` says
+    otherwise. An option not given leaves the config's value alone.
+    """
+
+    section: str
+    key: str
+    type: type = str
+    help: str = ""
+    choices: tuple = None
+    flag: str = None
+    metavar: str = None
+    tasks: tuple = TASKS
+
+    @property
+    def flag_name(self):
+        return self.flag or "--" + self.key.replace("_", "-")
+
+    @property
+    def dest(self):
+        return f"{self.section}.{self.key}"
+
+
+_BOTH, _TRANSLATION, _CLASSIFICATION = TASKS, (TRANSLATION,), (CLASSIFICATION,)
+
+OPTIONS = (
+    # data
+    Option("data", "dataset", help="the corpus", choices=TRANSLATION_DATASETS, tasks=_TRANSLATION),
+    Option("data", "dataset", help="sst2, imdb, or csv:PATH (a file with text and label columns)",
+           tasks=_CLASSIFICATION),
+    Option("data", "data_dir", help="the corpus directory (default $KERAS_TRANSFORMER_DATA/NAME or ../shared/data/NAME)"),
+    Option("data", "direction", help="Multi30k: de-en or en-de", tasks=_TRANSLATION),
+    *(
+        Option("data", f"{split}_{kind}", help=f"dataset files: {split} {what}", tasks=_TRANSLATION)
+        for split in ("train", "val")
+        for kind, what in (
+            ("source", "source text, one sentence a line"),
+            ("target", "target text, aligned with the source"),
+            ("tsv", "pairs as source<TAB>target lines"),
+        )
+    ),
+    Option("data", "val_csv", help="csv: the validation file (default: 10%% of the training file held back)",
+           tasks=_CLASSIFICATION),
+    Option("data", "limit_train", int, "use only the first N training examples", metavar="N"),
+    Option("data", "limit_val", int, "use only the first N validation examples", metavar="N"),
+    # tokenizer
+    Option("tokenizer", "vocab_size", int, "WordPiece vocabulary size"),
+    Option("tokenizer", "shared", bool, "one vocabulary for both languages", flag="--shared-vocab", tasks=_TRANSLATION),
+    Option("tokenizer", "lower_case", bool, "lowercase all text", tasks=_TRANSLATION),
+    # model
+    Option("model", "preset", help="the paper's sizes (Table 3), and small", choices=("small", "base", "big"),
+           tasks=_TRANSLATION),
+    Option("model", "num_layers", int, "layers in the encoder (and the decoder)"),
+    Option("model", "d_model", int, "the model's width"),
+    Option("model", "num_heads", int, "attention heads"),
+    Option("model", "d_ff", int, "the feed-forward layers' width"),
+    Option("model", "dropout", float, "dropout rate"),
+    Option("model", "position", help="sinusoidal or learned positions", choices=("sinusoidal", "learned"),
+           tasks=_TRANSLATION),
+    Option("model", "share_embeddings", bool, "one embedding for source and target (needs --shared-vocab)",
+           tasks=_TRANSLATION),
+    Option("model", "tie_output", bool, "the output layer reuses the target embedding", tasks=_TRANSLATION),
+    Option("model", "norm_first", bool, "LayerNorm before each sub-layer (pre-norm)", tasks=_TRANSLATION),
+    Option("model", "pooling", help="what the head sees", choices=("cls", "mean"), tasks=_CLASSIFICATION),
+    # training
+    Option("training", "epochs", int, "epochs to train (more than a finished run's, to train it further)"),
+    Option("training", "max_length", int, "tokens per sentence at most"),
+    Option("training", "long_pairs", help="what happens to longer pairs", choices=("drop", "truncate"),
+           tasks=_TRANSLATION),
+    Option("training", "tokens_per_batch", int, "batch by length under this token budget", tasks=_TRANSLATION),
+    Option("training", "batch_size", int, "sentences per batch (translation: instead of a token budget)"),
+    Option("training", "warmup_steps", int, "steps of learning-rate warm-up"),
+    Option("training", "learning_rate_scale", float, "multiplies the schedule's learning rate"),
+    Option("training", "label_smoothing", float, "label smoothing of the loss", tasks=_TRANSLATION),
+    Option("training", "steps_per_epoch", int, "steps per epoch (default: one pass over the data)"),
+    Option("training", "early_stopping", int, "stop after this many epochs without improvement", metavar="PATIENCE"),
+    Option("training", "strategy", help="how training is distributed", choices=("auto", "mirrored", "none")),
+    Option("training", "cpu_replicas", int, "split the CPU into N devices for MirroredStrategy", metavar="N"),
+    Option("training", "precision", help="float32, or mixed precision",
+           choices=("float32", "mixed_float16", "mixed_bfloat16")),
+    Option("training", "jit_compile", bool, "compile the training step with XLA", tasks=_TRANSLATION),
+    Option("training", "seed", int, "the seed of every random choice"),
+    Option("training", "attention_samples", int, "validation pairs whose attention maps go to TensorBoard",
+           tasks=_TRANSLATION),
+    Option("training", "bleu_samples", int, "validation pairs for the per-epoch BLEU in TensorBoard",
+           tasks=_TRANSLATION),
+    Option("training", "projector_samples", int, "validation texts whose [CLS] embeddings go to TensorBoard",
+           tasks=_CLASSIFICATION),
+    # evaluation
+    Option("evaluation", "beam_size", int, "beam size when this run translates (1: greedy)", tasks=_TRANSLATION),
+)
+
+
+def options_for(task):
+    return [option for option in OPTIONS if task in option.tasks]
+
+
+def default_of(option, task, demo=False):
+    """The value a run of `task` takes when `option` is not given (with `demo`: the demo's)."""
+    defaults = merge_config(DEFAULTS[task], DEMO) if demo else DEFAULTS[task]
+    return defaults.get(option.section, {}).get(option.key)
+
+
+def config_from_options(task, given):
+    """The config overrides for `task` from `{dest: value}` of the options given (None: not given).
+
+    `--dataset demo` (translation's default) brings the demo's settings,
+    under anything given explicitly.
+    """
+    config = {}
+    for option in options_for(task):
+        value = given.get(option.dest)
+        if value is not None:
+            config.setdefault(option.section, {})[option.key] = value
+    if task == TRANSLATION and config.get("data", {}).get("dataset", DEFAULTS[task]["data"]["dataset"]) == "demo":
+        config = merge_config(DEMO, config)
+    return config
+
+
+def merge_config(base, overrides):
+    """Nested dict update that returns a new dict."""
+    merged = copy.deepcopy(base)
+    for key, value in (overrides or {}).items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_config(merged[key], value)
+        else:
+            merged[key] = value
+    return merged

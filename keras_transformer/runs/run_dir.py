@@ -1,0 +1,402 @@
+"""A run directory: the one place that knows what a training run keeps on disk.
+
+    RUN_DIR/
+      config.json      the task and everything needed to rebuild data, tokenizers and model
+      vocab/           the tokenizers (a folder each: source/ target/, or shared/;
+                       a classifier's vocabulary is vocab/ itself)
+      labels.txt       a classifier's class names, one a line, in label-id order
+      model.keras      the trained model (the best validation checkpoint)
+      checkpoints/     best.weights.h5, updated during training
+      backup/          BackupAndRestore: a killed run resumes where it stopped
+      logs/            TensorBoard (train/, validation/, samples/, embeddings/)
+      history.csv      one row per epoch
+      metrics.json     what training and evaluation measured, merged section by section
+      hypotheses.SPLIT.txt   translations written by `evaluate`
+
+A task module (`translation`, `classification`) wires data, text, model and
+training together; everything about the directory itself (its layout, what a
+rerun does, how training finishes) is here, shared by every task.
+"""
+
+import copy
+import csv
+import logging
+import os
+import shutil
+import time
+import warnings
+
+import h5py
+import keras
+
+from keras_transformer import saving, text, training
+from keras_transformer.runs.options import CLASSIFICATION, CLASSIFICATION_DATASETS, TRANSLATION, merge_config
+
+logger = logging.getLogger("keras_transformer")
+
+# -- the layout ----------------------------------------------------------------
+
+CONFIG = "config.json"
+VOCAB = "vocab"
+LABELS = "labels.txt"
+MODEL = "model.keras"
+CHECKPOINTS = "checkpoints"
+BEST_CHECKPOINT = os.path.join(CHECKPOINTS, "best.weights.h5")
+BACKUP = "backup"
+LOGS = "logs"
+HISTORY = "history.csv"
+METRICS = "metrics.json"
+HYPOTHESES = "hypotheses.{split}.txt"
+
+# Everything a run writes into its directory, and so everything `overwrite`
+# removes; anything else there is the user's and is never touched.
+RUN_FILES = (CONFIG, VOCAB, LABELS, MODEL, CHECKPOINTS, BACKUP, LOGS, HISTORY, METRICS)
+# Settings a trained run may be given anew when it is continued: how long it
+# trains, what it logs, how it is evaluated. Any other change needs a new run.
+CONTINUABLE_SETTINGS = {
+    "training": ("epochs", "attention_samples", "bleu_samples", "projector_samples"),
+    "evaluation": None,
+}
+
+
+def path(run_dir, *names):
+    """`run_dir/names...`, for the names above: `path(run_dir, MODEL)`."""
+    return os.path.join(run_dir, *names)
+
+
+def vocab_path(run_dir, name=""):
+    """The folder of the tokenizer `name` ("source", "target", "shared"; "" for a task's only one)."""
+    return os.path.join(run_dir, VOCAB, name)
+
+
+def log_path(run_dir, name=""):
+    """A TensorBoard log folder of the run: `tensorboard --logdir log_path(run_dir)`."""
+    return os.path.join(run_dir, LOGS, name)
+
+
+def hypotheses_path(run_dir, split):
+    return os.path.join(run_dir, HYPOTHESES.format(split=split))
+
+
+# -- the config ------------------------------------------------------------------
+
+
+def read_config(run_dir):
+    """The config a run saved, as written (no defaults merged in)."""
+    config_path = path(run_dir, CONFIG)
+    if not os.path.exists(config_path):
+        raise FileNotFoundError(f"{run_dir} is not a run directory: it has no {CONFIG}")
+    return saving.read_json(config_path)
+
+
+def task_of(run_dir):
+    """The task a run directory trains ("translation", "classification"), from its config."""
+    config = read_config(run_dir)
+    if "task" in config:
+        return config["task"]
+    # Runs made before configs named their task: a classifier's corpus says it.
+    dataset = config.get("data", {}).get("dataset")
+    return CLASSIFICATION if dataset in CLASSIFICATION_DATASETS else TRANSLATION
+
+
+def load_config(run_dir, defaults):
+    """The run's config over `defaults` (settings added since the run started take their default)."""
+    return merge_config(defaults, read_config(run_dir))
+
+
+# -- starting, resuming, continuing ------------------------------------------------
+
+
+class RunState:
+    """Where a run directory stands, read from its files before training.
+
+    `epochs_done`: epochs trained (from the backup written after each epoch);
+    `finished`: those epochs reach the configured number, or early stopping
+    ended the run; `best_so_far`: the best monitored value of those epochs
+    (from `history.csv`), so a continued run keeps a better checkpoint.
+    """
+
+    def __init__(self, run_dir, config):
+        monitor = config["training"].get("monitor", "val_loss")
+        self.epochs_done = _epochs_done(run_dir)
+        self.trained = self.epochs_done > 0 or any(
+            os.path.exists(path(run_dir, name)) for name in (MODEL, BEST_CHECKPOINT)
+        )
+        metrics = read_metrics(run_dir)
+        stopped_early = metrics.get("training", {}).get("stopped_early_after")
+        # A run killed after its last epoch but before writing model.keras
+        # is not finished: fitting it for no more epochs writes the file.
+        self.finished = os.path.exists(path(run_dir, MODEL)) and (
+            self.epochs_done >= config["training"]["epochs"] or stopped_early == self.epochs_done
+        )
+        self.best_so_far = _best_in_history(run_dir, monitor, self.epochs_done)
+
+
+def start(run_dir, config, defaults, overwrite=False):
+    """Create, restart or reopen `run_dir`; returns its config, the distribution strategy and its `RunState`.
+
+    The rules, so that a rerun never loses work nor silently ignores what it
+    was asked:
+    - a new directory (or an empty one) starts a run with `config`;
+    - a run that never finished an epoch (a failed start) starts again with
+      the new `config`;
+    - a trained run continues with the config it saved; only its epochs (and
+      what it logs and how it is evaluated) may be given anew, so `epochs`
+      above the epochs done trains a finished run further, from exactly where
+      it stopped; any other change is refused with the settings that differ;
+    - `overwrite=True` removes the run's files (`RUN_FILES`, nothing else)
+      and starts over.
+    A directory that holds other files but no run is refused. Seeds,
+    precision and strategy are set from the resulting config.
+    """
+    _check_is_run_directory(run_dir)
+    if overwrite:
+        _remove_run_files(run_dir)
+    os.makedirs(run_dir, exist_ok=True)
+    config_path = path(run_dir, CONFIG)
+    requested = merge_config(defaults, config)
+    if os.path.exists(config_path):
+        saved = merge_config(defaults, saving.read_json(config_path))
+        state = RunState(run_dir, saved)
+        if not state.trained:
+            if saved != requested:
+                logger.info("%s never finished an epoch: starting it again with the new settings", run_dir)
+                _remove_run_files(run_dir)
+                os.makedirs(run_dir, exist_ok=True)
+        else:
+            changed = _changed_settings(saved, requested)
+            if changed:
+                raise ValueError(
+                    f"{run_dir} holds a run trained with other settings ({changed}); rerun it with the "
+                    "settings it was started with (only --epochs may change, to train it further), "
+                    "or pass --overwrite to start over"
+                )
+            requested = _continued_config(saved, requested)
+    saving.write_json(config_path, requested)
+    config = requested
+    state = RunState(run_dir, config)
+    settings = config["training"]
+    keras.utils.set_random_seed(settings["seed"])
+    training.set_precision(settings["precision"])
+    return config, training.make_strategy(settings["strategy"], settings["cpu_replicas"]), state
+
+
+def _check_is_run_directory(run_dir):
+    if not os.path.isdir(run_dir):
+        if os.path.exists(run_dir):
+            raise FileExistsError(f"{run_dir} exists and is not a directory: choose another --out")
+        return
+    foreign = sorted(name for name in os.listdir(run_dir) if not _is_run_file(name))
+    if foreign and not os.path.exists(path(run_dir, CONFIG)):
+        raise FileExistsError(
+            f"{run_dir} is not a run directory (no {CONFIG}) and holds other files ({', '.join(foreign[:3])}): "
+            "choose another --out"
+        )
+
+
+def _is_run_file(name):
+    prefix, _, suffix = HYPOTHESES.partition("{split}")
+    return name in RUN_FILES or (name.startswith(prefix) and name.endswith(suffix))
+
+
+def _remove_run_files(run_dir):
+    if not os.path.isdir(run_dir):
+        return
+    for name in os.listdir(run_dir):
+        if _is_run_file(name):
+            file_path = path(run_dir, name)
+            shutil.rmtree(file_path) if os.path.isdir(file_path) else os.remove(file_path)
+
+
+def _changed_settings(saved, requested):
+    """'section.key: saved -> requested' for each setting that differs and may not change."""
+    changes = []
+    for section in sorted(set(saved) | set(requested)):
+        continuable = CONTINUABLE_SETTINGS.get(section, ())
+        if continuable is None:
+            continue
+        old, new = saved.get(section), requested.get(section)
+        if not isinstance(old, dict) or not isinstance(new, dict):  # a top-level setting, such as the task
+            if old != new:
+                changes.append(f"{section}: {old!r} saved, {new!r} given")
+            continue
+        for key in sorted(set(old) | set(new)):
+            if key not in continuable and old.get(key) != new.get(key):
+                changes.append(f"{section}.{key}: {old.get(key)!r} saved, {new.get(key)!r} given")
+    return "; ".join(changes)
+
+
+def _continued_config(saved, requested):
+    config = copy.deepcopy(saved)
+    for section, keys in CONTINUABLE_SETTINGS.items():
+        for key in requested.get(section, {}) if keys is None else keys:
+            if key in requested.get(section, {}):
+                config.setdefault(section, {})[key] = requested[section][key]
+    return config
+
+
+def _epochs_done(run_dir):
+    """Epochs trained so far: the backup's count (validated), else the rows of `history.csv`."""
+    metadata = path(run_dir, BACKUP, "training_metadata.json")
+    if os.path.exists(metadata):
+        weights = path(run_dir, BACKUP, "latest.weights.h5")
+        if not _readable_h5(weights):
+            # Killed while writing the backup: Keras falls back to the one before it.
+            previous = weights + ".bkp"
+            if not _readable_h5(previous):
+                raise saving.DamagedFileError(
+                    f"{weights} is damaged and there is no earlier backup to resume from; "
+                    "pass --overwrite to start the run over"
+                )
+            shutil.copyfile(previous, weights)
+            if os.path.exists(metadata + ".bkp"):
+                shutil.copyfile(metadata + ".bkp", metadata)
+        return int(saving.read_json(metadata)["epoch"])
+    return len(_history_rows(run_dir))
+
+
+def _readable_h5(file_path):
+    try:
+        with h5py.File(file_path, "r"):
+            return True
+    except OSError:
+        return False
+
+
+def _history_rows(run_dir):
+    history = path(run_dir, HISTORY)
+    if not os.path.exists(history):
+        return []
+    with open(history, newline="", encoding="utf-8") as file:
+        return list(csv.DictReader(file))
+
+
+def _best_in_history(run_dir, monitor, epochs):
+    values = [float(row[monitor]) for row in _history_rows(run_dir)[:epochs] if row.get(monitor) not in (None, "")]
+    if not values:
+        return None
+    return max(values) if "acc" in monitor else min(values)
+
+
+def _keep_history_of_done_epochs(run_dir, epochs_done):
+    """Drop `history.csv` rows of epochs that will be trained again (a kill after the row, before the backup)."""
+    rows = _history_rows(run_dir)
+    if len(rows) <= epochs_done:
+        return
+    with open(path(run_dir, HISTORY), "w", newline="", encoding="utf-8") as file:
+        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows[:epochs_done])
+
+
+# -- training and finishing ----------------------------------------------------------
+
+
+def training_callbacks(run_dir, settings, state, epoch_variables=(), averaged_weights=False):
+    """`keras_transformer.training.training_callbacks` writing into this run's layout."""
+    return training.training_callbacks(
+        checkpoint_path=path(run_dir, BEST_CHECKPOINT),
+        backup_dir=path(run_dir, BACKUP),
+        history_path=path(run_dir, HISTORY),
+        log_dir=log_path(run_dir),
+        early_stopping_patience=settings["early_stopping"],
+        monitor=settings.get("monitor", "val_loss"),
+        averaged_weights=averaged_weights,
+        epoch_variables=epoch_variables,
+        best_so_far=state.best_so_far,
+    )
+
+
+def fit(model, run_dir, state, train_dataset, fit_arguments, callbacks):
+    """`model.fit` for a run in `state`, then finish: the best checkpoint becomes `model.keras`.
+
+    The run resumes where it stopped and its history keeps each epoch once.
+    Returns the training part of the metrics (epochs, time, `final` values);
+    the model ends with the best checkpoint's weights, as `model.keras` holds them.
+    """
+    _keep_history_of_done_epochs(run_dir, state.epochs_done)
+    started = time.time()
+    with warnings.catch_warnings():
+        # A dataset of unknown length ends its first epoch by running out of
+        # data, as it should.
+        warnings.filterwarnings("ignore", message="Your input ran out of data")
+        history = model.fit(train_dataset, shuffle=False, callbacks=callbacks, **fit_arguments)  # the pipeline shuffles
+    seconds = time.time() - started
+    epochs_run = len(history.epoch)
+    stopped_early = any(
+        isinstance(callback, keras.callbacks.EarlyStopping) and callback.stopped_epoch > 0 for callback in callbacks
+    )
+    best = path(run_dir, BEST_CHECKPOINT)
+    if os.path.exists(best):
+        saving.load_weights(model, best)
+    saving.save_model(model, path(run_dir, MODEL))
+    epochs_done = state.epochs_done + epochs_run
+    return {
+        "epochs_done": epochs_done,
+        "stopped_early_after": epochs_done if stopped_early else None,
+        "epochs_this_session": epochs_run,
+        "seconds_this_session": round(seconds, 1),
+        "seconds_per_epoch": round(seconds / max(epochs_run, 1), 1),
+        "parameters": model.count_params(),
+        "final": {key: float(values[-1]) for key, values in history.history.items()} if epochs_run else {},
+    }
+
+
+def nothing_to_train(run_dir, state):
+    """A finished run's saved metrics, its training part marked as not trained this session."""
+    metrics = read_metrics(run_dir)
+    metrics["training"] = {
+        **metrics.get("training", {}), "epochs_done": state.epochs_done, "epochs_this_session": 0,
+        "nothing_to_train": True,
+    }
+    return metrics
+
+
+def read_metrics(run_dir):
+    metrics_path = path(run_dir, METRICS)
+    return saving.read_json(metrics_path) if os.path.exists(metrics_path) else {}
+
+
+def update_metrics(run_dir, update):
+    """Merge `update` ({section: values}) into `metrics.json`, section by section; returns all metrics."""
+    metrics = read_metrics(run_dir)
+    metrics.update(update)
+    saving.write_json(path(run_dir, METRICS), metrics)
+    return metrics
+
+
+def load_trained_model(run_dir, build_model):
+    """`model.keras` once training has finished; before that, the best checkpoint so far.
+
+    So a run that is still training (or was killed) can be evaluated and
+    tried out without stopping it. `build_model()` makes the run's model,
+    built, for the checkpoint's weights.
+    """
+    model_path = path(run_dir, MODEL)
+    if os.path.exists(model_path):
+        return saving.load_model(model_path)
+    checkpoint = path(run_dir, BEST_CHECKPOINT)
+    if not os.path.exists(checkpoint):
+        raise FileNotFoundError(f"{run_dir} has neither {MODEL} nor a checkpoint: has its first epoch finished?")
+    logger.warning("%s has no %s (training not finished): using %s", run_dir, MODEL, checkpoint)
+    model = build_model()
+    saving.load_weights(model, checkpoint)
+    return model
+
+
+def learn_or_load_tokenizer(run_dir, name, texts, vocab_size, lower_case, reserved_tokens=None):
+    """The run's tokenizer `name`: loaded when the run has it, else learned from `texts` and saved."""
+    folder = vocab_path(run_dir, name)
+    if os.path.exists(os.path.join(folder, "vocab.txt")):
+        return text.WordPieceTokenizer.load(folder)
+    started = time.time()
+    tokenizer = text.WordPieceTokenizer.learn(
+        texts, vocab_size=vocab_size, lower_case=lower_case, reserved_tokens=reserved_tokens or text.RESERVED_TOKENS
+    )
+    tokenizer.save(folder)
+    logger.info("learned a vocabulary of %d tokens (%s) in %.0fs", tokenizer.vocab_size, folder, time.time() - started)
+    return tokenizer
+
+
+def load_tokenizer(run_dir, name=""):
+    return text.WordPieceTokenizer.load(vocab_path(run_dir, name))

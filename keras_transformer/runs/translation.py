@@ -1,0 +1,307 @@
+"""Translation runs: what `keras-transformer train|evaluate|translate|export|plot-attention` do.
+
+    pairs (data) -> WordPiece vocabularies (text) -> length-bucketed batches (data)
+      -> Transformer (models) -> model.fit (training) -> model.keras in the run directory
+      -> Translator: cached greedy or beam search (inference) -> BLEU (evaluation)
+      -> SavedModel for TensorFlow Serving (export)
+
+This module wires those floors together for one task; what a run keeps on
+disk, and how a rerun resumes or continues, is `run_dir`'s; the settings and
+their defaults are `options`'.
+"""
+
+import logging
+import random
+import time
+
+from keras_transformer import data, evaluation, inference, models, training
+from keras_transformer.runs import run_dir as runs
+from keras_transformer.runs.options import DEFAULTS, TRANSLATION, TRANSLATION_DATASETS
+
+logger = logging.getLogger("keras_transformer")
+
+# -- data and tokenizers ----------------------------------------------------------
+
+
+def load_pairs(data_config, splits=("train", "val")):
+    """`{split: [(source, target), ...]}` for the configured corpus."""
+    dataset = data_config["dataset"]
+    if dataset not in TRANSLATION_DATASETS:
+        raise ValueError(f"dataset must be one of {TRANSLATION_DATASETS}, got {dataset!r}")
+    if dataset == "demo":
+        corpus = data.demo_corpus()
+        pairs = {split: corpus[split] for split in splits}
+    elif dataset == "multi30k":
+        pairs = data.load_multi30k(data_config["data_dir"], data_config["direction"], splits=splits)
+    else:
+        pairs = {}
+        for split in splits:
+            tsv, source, target = (data_config.get(f"{split}_{kind}") for kind in ("tsv", "source", "target"))
+            if tsv:
+                pairs[split] = data.read_tsv(tsv)
+            elif source and target:
+                pairs[split] = data.read_parallel_files(source, target)
+            elif split == "val" and "train" in pairs:
+                # No validation files: hold back 2% of training (at most 1000 pairs).
+                shuffled = list(pairs["train"])
+                random.Random(0).shuffle(shuffled)
+                held = max(1, min(1000, len(shuffled) // 50))
+                pairs["val"], pairs["train"] = shuffled[:held], shuffled[held:]
+            else:
+                raise ValueError(
+                    f"dataset 'files' needs --{split}-tsv, or --{split}-source with --{split}-target"
+                )
+    for split in splits:
+        limit = data_config.get(f"limit_{split}")
+        if limit:
+            pairs[split] = pairs[split][:limit]
+    return pairs
+
+
+def tokenizers(run_dir, tokenizer_config, train_pairs=None):
+    """The run's source and target tokenizers: loaded, or learned from `train_pairs` and saved.
+
+    One vocabulary folder each (`vocab/source`, `vocab/target`), or one for
+    both languages (`vocab/shared`) with `shared`.
+    """
+    sources = [source for source, _ in train_pairs or ()]
+    targets = [target for _, target in train_pairs or ()]
+    settings = dict(vocab_size=tokenizer_config["vocab_size"], lower_case=tokenizer_config["lower_case"])
+    if tokenizer_config["shared"]:
+        shared = runs.learn_or_load_tokenizer(run_dir, "shared", sources + targets, **settings)
+        return shared, shared
+    return (
+        runs.learn_or_load_tokenizer(run_dir, "source", sources, **settings),
+        runs.learn_or_load_tokenizer(run_dir, "target", targets, **settings),
+    )
+
+
+# -- model ---------------------------------------------------------------------------
+
+
+def build_model(config, source_vocab_size, target_vocab_size):
+    """The run's Transformer, built (weights made), not trained."""
+    model_config = config["model"]
+    arguments = {key: value for key, value in model_config.items() if key != "preset"}
+    arguments.update(
+        src_vocab_size=source_vocab_size, tgt_vocab_size=target_vocab_size, max_length=config["training"]["max_length"]
+    )
+    if model_config.get("preset"):
+        model = models.Transformer.from_preset(model_config["preset"], **arguments)
+    else:
+        model = models.Transformer(**arguments)
+    model.build(((None, None), (None, None)))
+    return model
+
+
+def compile_model(model, training_config):
+    model.compile(
+        optimizer=training.transformer_optimizer(
+            model.d_model, training_config["warmup_steps"], training_config["learning_rate_scale"]
+        ),
+        loss=training.MaskedSparseCrossEntropy(training_config["label_smoothing"]),
+        metrics=[training.MaskedAccuracy(), training.Perplexity()],
+        jit_compile=training_config["jit_compile"],
+    )
+    training.build_optimizer_variables(model)
+
+
+# -- the commands ------------------------------------------------------------------
+
+
+def train(config, run_dir, verbose=1, overwrite=False):
+    """Train, resume or continue a translation run in `run_dir`; returns the training metrics.
+
+    Rerunning with the same `run_dir` after an interruption resumes at the
+    epoch after the last one completed, exactly as if it had not stopped;
+    see `run_dir.start` for what a rerun does with a finished run or new settings.
+    """
+    config, strategy, state = runs.start(run_dir, config, DEFAULTS[TRANSLATION], overwrite=overwrite)
+    settings = config["training"]
+    if state.finished:
+        return runs.nothing_to_train(run_dir, state)["training"]
+
+    replicas = strategy.num_replicas_in_sync
+    pairs = load_pairs(config["data"], ("train", "val"))
+    source_tokenizer, target_tokenizer = tokenizers(run_dir, config["tokenizer"], pairs["train"])
+    batching = dict(
+        max_length=settings["max_length"],
+        tokens_per_batch=settings["tokens_per_batch"] if not settings["batch_size"] else None,
+        batch_size=settings["batch_size"],
+        long_pairs=settings["long_pairs"],
+        batch_multiple=replicas,
+    )
+    train_batches = data.make_translation_batches(
+        pairs["train"], source_tokenizer, target_tokenizer, shuffle=True, seed=settings["seed"], **batching
+    )
+    val_batches = data.make_translation_batches(
+        pairs["val"], source_tokenizer, target_tokenizer, shuffle=False, **batching
+    )
+    logger.info(
+        "training pairs: %d kept, %d dropped and %d truncated for max_length=%d",
+        train_batches.num_pairs, train_batches.num_dropped, train_batches.num_truncated, settings["max_length"],
+    )
+
+    with strategy.scope():
+        model = build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
+        compile_model(model, settings)
+    logger.info("model: %d parameters, %d replica(s)", model.count_params(), replicas)
+    if state.epochs_done:
+        logger.info("%s: %d epoch(s) done, training on to %d", run_dir, state.epochs_done, settings["epochs"])
+
+    train_dataset = train_batches.dataset
+    if settings["steps_per_epoch"]:
+        train_dataset = train_dataset.repeat()
+    callbacks = runs.training_callbacks(run_dir, settings, state, epoch_variables=[train_batches.epoch])
+    callbacks += _sample_callbacks(run_dir, settings, pairs["val"], source_tokenizer, target_tokenizer)
+    metrics = runs.fit(
+        model, run_dir, state, train_dataset,
+        dict(validation_data=val_batches.dataset, epochs=settings["epochs"],
+             steps_per_epoch=settings["steps_per_epoch"], verbose=verbose),
+        callbacks,
+    )
+    metrics.update(
+        train_pairs=train_batches.num_pairs,
+        train_pairs_dropped=train_batches.num_dropped,
+        train_pairs_truncated=train_batches.num_truncated,
+        replicas=replicas,
+    )
+    runs.update_metrics(run_dir, {"training": metrics})
+    return metrics
+
+
+def _sample_callbacks(run_dir, settings, val_pairs, source_tokenizer, target_tokenizer):
+    from keras_transformer.callbacks import AttentionMapLogger, attention_samples
+
+    samples = attention_samples(val_pairs, settings["attention_samples"])
+    if not samples:
+        return []
+    return [
+        AttentionMapLogger(
+            samples,
+            runs.log_path(run_dir, "samples"),
+            source_tokenizer,
+            target_tokenizer,
+            bleu_pairs=val_pairs[: settings["bleu_samples"]],
+        )
+    ]
+
+
+def load_config(run_dir):
+    return runs.load_config(run_dir, DEFAULTS[TRANSLATION])
+
+
+def load_translator(run_dir, beam_size=None, length_alpha=None, max_extra_length=None, max_output_length=None):
+    """The run's model and tokenizers as a `Translator` (settings default to the config's)."""
+    config = load_config(run_dir)
+    source_tokenizer, target_tokenizer = tokenizers(run_dir, config["tokenizer"])
+    model = runs.load_trained_model(
+        run_dir, lambda: build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
+    )
+    settings = config["evaluation"]
+    return inference.Translator(
+        model,
+        source_tokenizer,
+        target_tokenizer,
+        beam_size=beam_size or settings["beam_size"],
+        length_alpha=settings["length_alpha"] if length_alpha is None else length_alpha,
+        max_extra_length=settings["max_extra_length"] if max_extra_length is None else max_extra_length,
+        max_output_length=max_output_length,
+    )
+
+
+def evaluate(run_dir, split="val", beam_size=None, batch_size=None):
+    """Translate a split, write `hypotheses.<split>.txt`, return and record BLEU/chrF."""
+    config = load_config(run_dir)
+    translator = load_translator(run_dir, beam_size=beam_size)
+    pairs = load_pairs(config["data"], (split,))[split]
+    started = time.time()
+    hypotheses = translator.translate([source for source, _ in pairs], batch_size=batch_size or config["evaluation"]["batch_size"])
+    seconds = time.time() - started
+    path = runs.hypotheses_path(run_dir, split)
+    with open(path, "w", encoding="utf-8") as file:
+        file.write("\n".join(hypotheses) + "\n")
+    scores = evaluation.translation_scores(hypotheses, [target for _, target in pairs])
+    scores.update(beam_size=translator.beam_size, seconds=round(seconds, 1), hypotheses=path)
+    runs.update_metrics(run_dir, {split: scores})
+    samples = [
+        {"source": source, "reference": reference, "translation": hypothesis}
+        for (source, reference), hypothesis in list(zip(pairs, hypotheses))[:3]
+    ]
+    return scores, samples
+
+
+def translate(run_dir, sentences, beam_size=None):
+    return load_translator(run_dir, beam_size=beam_size).translate(sentences)
+
+
+def export(run_dir, export_base, version=None, beam_size=None, length_alpha=None, max_output_length=None):
+    """Write the run's translator as `export_base/<version>/` for TensorFlow Serving; returns the path."""
+    from keras_transformer.export import export_translator, version_path
+
+    version_path(export_base, version)  # a taken version fails before the model is loaded
+    translator = load_translator(
+        run_dir, beam_size=beam_size, length_alpha=length_alpha, max_output_length=max_output_length
+    )
+    return export_translator(translator, export_base, version=version)
+
+
+ATTENTION_KINDS = {
+    "cross": ("decoder/layer_{}/cross_attention", "target_tokens", "source_tokens"),
+    "decoder_self": ("decoder/layer_{}/self_attention", "target_tokens", "target_tokens"),
+    "encoder": ("encoder/layer_{}/self_attention", "source_tokens", "source_tokens"),
+}
+
+
+def plot_attention(run_dir, sentence, path, kind="cross", layer=None, beam_size=None, heads=None):
+    """Translate `sentence` and save one layer's attention heatmaps as `path` (PNG); returns the translation."""
+    from keras_transformer.visualization import plot_attention as plot
+
+    if kind not in ATTENTION_KINDS:
+        raise ValueError(f"kind must be one of {sorted(ATTENTION_KINDS)}, got {kind!r}")
+    translator = load_translator(run_dir, beam_size=beam_size)
+    num_layers = translator.model.num_layers
+    layer = num_layers - 1 if layer is None else layer
+    if not 0 <= layer < num_layers:
+        raise ValueError(f"layer must be between 0 and {num_layers - 1}, got {layer}")
+    (result,) = translator.attention_maps([sentence])
+    name, queries, keys = ATTENTION_KINDS[kind]
+    figure = plot(
+        result["attention"][name.format(layer)],
+        result[queries],
+        result[keys],
+        heads=heads,
+        title=f"{kind} attention, layer {layer}: {sentence} -> {result['translation']}",
+    )
+    figure.savefig(path)
+    return result["translation"]
+
+
+def translate_with_export(path, sentences, batch_size=64):
+    """Translate through an exported SavedModel, as a server would."""
+    import tensorflow as tf
+
+    from keras_transformer.export import load_export
+
+    serve = load_export(path).signatures["serving_default"]
+    sentences = list(sentences)
+    translations = []
+    for start in range(0, len(sentences), batch_size):
+        outputs = serve(text=tf.constant(sentences[start : start + batch_size], tf.string))
+        translations.extend(value.decode("utf-8") for value in outputs["translation"].numpy())
+    return translations
+
+
+__all__ = [
+    "build_model",
+    "evaluate",
+    "export",
+    "load_config",
+    "load_pairs",
+    "load_translator",
+    "plot_attention",
+    "tokenizers",
+    "train",
+    "translate",
+    "translate_with_export",
+]
