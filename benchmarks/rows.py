@@ -161,18 +161,15 @@ def _our_decoder(args, config):
     import tensorflow as tf
 
     from contenders import build_keras_model
-    from keras_transformer.inference.search import beam_search, greedy_search
+    from keras_transformer.inference.steps import transformer_search
 
     model = build_keras_model("keras_transformer", config)
     # [END] is an id the model never produces, so every sentence runs the full NEW_TOKENS steps.
     settings = dict(
-        start_id=1, end_id=-1, max_extra_length=NEW_TOKENS, max_output_length=NEW_TOKENS, use_cache=not args.no_cache
+        start_id=1, end_id=-1, max_extra_length=NEW_TOKENS, max_output_length=NEW_TOKENS, use_cache=not args.no_cache,
+        beam_size=1 if args.search == "greedy" else args.beam_size,
     )
-    if args.search == "greedy":
-        search = lambda source: greedy_search(model, source, **settings)[0]  # noqa: E731
-    else:
-        search = lambda source: beam_search(model, source, beam_size=args.beam_size, **settings)[0]  # noqa: E731
-    return tf.function(search, jit_compile=args.jit)
+    return tf.function(lambda source: transformer_search(model, source, **settings)[0], jit_compile=args.jit)
 
 
 def _keras_hub_decoder(args, config):

@@ -23,15 +23,8 @@ import tensorflow as tf
 
 from keras_transformer.evaluation import translation_scores
 from keras_transformer.inference import Translator
+from keras_transformer.models.attention_maps import KINDS, parse_attention_map_name, queries_and_keys
 from keras_transformer.visualization import figure_to_png, plot_attention
-
-KINDS = ("encoder", "decoder_self", "cross")
-
-
-def _kind(name):
-    if name.startswith("encoder/"):
-        return "encoder"
-    return "decoder_self" if name.endswith("self_attention") else "cross"
 
 
 class AttentionMapLogger(keras.callbacks.Callback):
@@ -123,17 +116,11 @@ class AttentionMapLogger(keras.callbacks.Callback):
             f"| | |\n|---|---|\n| source | {source} |\n| reference | {reference} |\n"
             f"| model (greedy) | {result['translation']} |",
         )
-        labels = {
-            "encoder": (result["source_tokens"], result["source_tokens"]),
-            "decoder_self": (result["target_tokens"], result["target_tokens"]),
-            "cross": (result["target_tokens"], result["source_tokens"]),
-        }
         for name, attention in result["attention"].items():
-            kind = _kind(name)
-            layer = int(name.split("/")[1].split("_")[1])
+            kind, layer = parse_attention_map_name(name)
             if kind not in self.kinds or (self.layers is not None and layer not in self.layers):
                 continue
-            queries, keys = labels[kind]
+            queries, keys = queries_and_keys(kind, result["source_tokens"], result["target_tokens"])
             figure = plot_attention(
                 attention, queries, keys, heads=self.heads, title=f"sample {index}: {kind} attention, layer {layer}"
             )

@@ -19,10 +19,13 @@ once a command runs.
 """
 
 import argparse
+import importlib
 import json
 import logging
 import os
+import re
 import sys
+import tempfile
 
 from keras_transformer.runs import options
 
@@ -316,18 +319,44 @@ def _plot_attention(arguments):
 # -- running -----------------------------------------------------------------------------
 
 
-def _quiet_tensorflow():
-    """No start-up chatter from TensorFlow's C++ side (device probing, oneDNN notices) unless asked for.
+# What TensorFlow's C++ side prints while it starts, before its log level
+# applies: the logger's preamble and INFO/WARNING lines ("I0000 ... oneDNN
+# custom operations are on", "Could not find cuda drivers").
+_START_UP_NOISE = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\)|[IW]\d{4} )")
 
-    Must run before TensorFlow is imported; a TF_CPP_MIN_LOG_LEVEL the user
-    set wins.
+
+def _start_tensorflow_quietly():
+    """Import TensorFlow with no start-up chatter on the console, unless the user asked for its logs.
+
+    TF_CPP_MIN_LOG_LEVEL quiets TensorFlow's own logging, but some start-up
+    lines are written to the stderr file descriptor before that setting is
+    read: they are caught there while TensorFlow loads, and all but those
+    lines passed on.
     """
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if "TF_CPP_MIN_LOG_LEVEL" in os.environ:
+        return  # the user chose what to see
+    # 3: not even ERROR lines, which on a machine without a GPU include
+    # "failed call to cuInit"; a real failure still surfaces as an exception.
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    sys.stderr.flush()
+    saved_stderr = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            for module in ("tensorflow", "keras", "tensorflow_text"):
+                importlib.import_module(module)
+        finally:
+            os.dup2(saved_stderr, 2)
+            os.close(saved_stderr)
+        captured.seek(0)
+        for line in captured.read().decode("utf-8", errors="replace").splitlines():
+            if not _START_UP_NOISE.match(line):
+                print(line, file=sys.stderr)
 
 
 def main(argv=None):
     arguments = build_parser().parse_args(argv)
-    _quiet_tensorflow()
+    _start_tensorflow_quietly()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         arguments.handler(arguments)

@@ -1,5 +1,8 @@
 """Feed an export the requests a careless client or an attacker would send; report what came back.
 
+Works on the translator's export and on the classifier's (whose only signature is
+`serving_default`, with the same `text` input): requests go to the signatures the export has.
+
 Run in its own process (`python malformed_requests.py EXPORT_DIR SEED COUNT OUT.json`), the way
 a server holds a model: if any request kills the process, the test that started it sees the
 exit status instead of a report. Every request goes through both loaders TensorFlow Serving's
@@ -91,16 +94,19 @@ def call_session(session, signature_def, inputs):
 
 
 def main(export_dir, seed, count, out_path):
+    loaded = tf.saved_model.load(export_dir)
     random = np.random.default_rng(int(seed))
     requests = [
-        (signature, name, inputs) for signature, named in NAMED_REQUESTS.items() for name, inputs in named.items()
+        (signature, name, inputs)
+        for signature, named in NAMED_REQUESTS.items()
+        if signature in loaded.signatures
+        for name, inputs in named.items()
     ]
-    signatures = sorted(NAMED_REQUESTS)
+    signatures = [signature for signature in sorted(NAMED_REQUESTS) if signature in loaded.signatures]
     for index in range(int(count)):
         signature = signatures[index % len(signatures)]
         requests.append((signature, f"random {index}", random_request(random, signature)))
 
-    loaded = tf.saved_model.load(export_dir)
     graph = tf.Graph()
     session = tf.compat.v1.Session(graph=graph)
     with graph.as_default():

@@ -1,10 +1,12 @@
-"""A sentiment run end to end: CSV in, [CLS] tokenizer, fit, accuracy, projector logs."""
+"""A sentiment run end to end: CSV in, [CLS] tokenizer, fit, accuracy, projector logs; classify, evaluate, export."""
 
 import csv
 import json
 import random
 
+import numpy as np
 import pytest
+import tensorflow as tf
 
 from keras_transformer import text
 from keras_transformer.runs import classification, options
@@ -27,7 +29,7 @@ def write_reviews(path, count, seed):
 
 
 @pytest.mark.slow
-def test_a_classifier_learns_sentiment_words_and_logs_its_embeddings(tmp_path):
+def test_a_classifier_learns_sentiment_words_and_logs_its_embeddings(tmp_path, capsys):
     write_reviews(tmp_path / "train.csv", 1200, seed=0)
     write_reviews(tmp_path / "val.csv", 100, seed=1)
     config = {
@@ -36,6 +38,7 @@ def test_a_classifier_learns_sentiment_words_and_logs_its_embeddings(tmp_path):
         "model": {"num_layers": 1, "d_model": 32, "num_heads": 2, "d_ff": 64, "dropout": 0.0},
         "training": {"epochs": 3, "batch_size": 32, "max_length": 16, "warmup_steps": 20, "projector_samples": 60},
     }
+    config["data"]["labels"] = ["negative", "positive"]
     run = tmp_path / "run"
     metrics = classification.train(config, str(run), verbose=0)
     assert metrics["val"]["examples"] == 100 and metrics["val"]["accuracy"] > 0.9, metrics
@@ -45,11 +48,46 @@ def test_a_classifier_learns_sentiment_words_and_logs_its_embeddings(tmp_path):
     for name in ("model.keras", "checkpoints/best.weights.h5", "logs/embeddings/projector_config.pbtxt",
                  "logs/embeddings/metadata.tsv", "history.csv"):
         assert (run / name).exists(), name
+    check_the_classifier_commands(run, tmp_path, capsys)
+
+
+def check_the_classifier_commands(run, tmp_path, capsys):
+    """classify, evaluate (its validation set and a CSV) and export on a trained classifier run, through the CLI."""
+    from keras_transformer import cli
+
+    texts = ["The film was really great.", "An awful, boring plot.", ""]
+    assert cli.main(["classify", str(run), *texts]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("\t")[0] for line in lines[:2]] == ["positive", "negative"]
+    assert len(lines) == 3 and all(0.5 <= float(line.split("\t")[1]) <= 1.0 for line in lines)
+
+    assert cli.main(["evaluate", str(run)]) == 0
+    report = capsys.readouterr().out
+    assert "accuracy" in report and "confusion matrix" in report and "positive" in report
+    scores = json.loads((run / "metrics.json").read_text())["val"]
+    assert sum(map(sum, scores["confusion"])) == 100 and scores["classes"]["positive"]["f1"] > 0.9
+
+    write_reviews(tmp_path / "test.csv", 50, seed=3)
+    assert cli.main(["evaluate", str(run), "--csv", str(tmp_path / "test.csv")]) == 0
+    assert "on 50 examples" in capsys.readouterr().out
+    bad = tmp_path / "bad.csv"
+    bad.write_text("text,label\nA great film.,1\nA dull film.,7\n", encoding="utf-8")
+    assert cli.main(["evaluate", str(run), "--csv", str(bad)]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and f"{bad}, line 3" in error[0] and "label 7" in error[0]
+
+    assert cli.main(["translate", str(run), "a sentence"]) == 2
+    assert "translate works on translation runs" in capsys.readouterr().err
+
+    assert cli.main(["export", str(run), str(tmp_path / "exports")]) == 0
+    capsys.readouterr()
+    served = tf.saved_model.load(str(tmp_path / "exports" / "1")).signatures["serving_default"](text=tf.constant(texts))
+    classifier = classification.Classifier(str(run))
+    assert [label.decode() for label in served["label"].numpy()] == [label for label, _ in classifier.classify(texts)]
+    np.testing.assert_allclose(served["probabilities"].numpy(), classifier.probabilities(texts), atol=1e-5)
 
 
 def test_texts_are_framed_by_cls_and_cut_to_max_length(tmp_path):
-    from keras_transformer import text
-
     tokenizer = text.WordPieceTokenizer.learn(
         ["a great film", "an awful film"] * 5, vocab_size=40, reserved_tokens=text.CLASSIFIER_TOKENS
     )

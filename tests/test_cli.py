@@ -1,10 +1,14 @@
 """`keras-transformer` end to end, as a user runs it: real subprocesses, real run directories."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from helpers import TINY_MODEL, check_run_directory, cli
+from helpers import TINY_MODEL, check_run_directory, cli, run
 from keras_transformer import data
 
 
@@ -49,3 +53,75 @@ def test_help_lists_the_commands():
     result = cli("--help")
     for command in ("train", "evaluate", "translate", "export", "plot-attention", "train-classifier"):
         assert command in result.stdout
+
+
+def test_help_answers_without_starting_tensorflow():
+    # As the installed `keras-transformer` command runs it: argv[0] is the command's name.
+    script = (
+        "import sys; sys.argv = ['keras-transformer', 'train', '--help']\n"
+        "from keras_transformer import cli\n"
+        "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
+        "heavy = sorted(name for name in ('tensorflow', 'keras', 'numpy') if name in sys.modules)\n"
+        "print('imported:', heavy)\n"
+    )
+    result = run([sys.executable, "-c", script])
+    assert "--tokens-per-batch" in result.stdout and "imported: []" in result.stdout, result.stdout[-500:]
+
+
+def test_the_options_table_matches_the_library():
+    """Each option sets a setting its task has, and its choices are what the library accepts."""
+    from keras_transformer import models, training
+    from keras_transformer.data.pipeline import LONG_PAIR_POLICIES
+    from keras_transformer.layers.embedding import POSITION_KINDS
+    from keras_transformer.models.classifier import POOLINGS
+    from keras_transformer.runs import options
+
+    for option in options.OPTIONS:
+        for task in option.tasks:
+            section = options.DEFAULTS[task].get(option.section)
+            assert section is not None and (option.key in section or option.section == "model"), (task, option)
+    choices = {option.dest: set(option.choices) for option in options.OPTIONS if option.choices}
+    assert choices["training.strategy"] == set(training.STRATEGIES)
+    assert choices["training.precision"] == set(training.PRECISIONS)
+    assert choices["training.long_pairs"] == set(LONG_PAIR_POLICIES)
+    assert choices["model.preset"] == set(models.PRESETS)
+    assert choices["model.position"] == set(POSITION_KINDS)
+    assert choices["model.pooling"] == set(POOLINGS)
+    assert set(cli_plot_kinds()) == set(models.attention_maps.KINDS)
+
+
+def cli_plot_kinds():
+    from keras_transformer import cli
+
+    parser = cli.build_parser()
+    commands = next(action for action in parser._actions if action.dest == "command")
+    kind = next(action for action in commands.choices["plot-attention"]._actions if action.dest == "kind")
+    return kind.choices
+
+
+def test_options_given_become_the_config():
+    from keras_transformer import cli
+    from keras_transformer.runs import options
+
+    arguments = cli.build_parser().parse_args(["train", "--out", "x", "--epochs", "7", "--shared-vocab"])
+    config = options.config_from_options(options.TRANSLATION, vars(arguments))
+    assert config["training"]["epochs"] == 7 and config["tokenizer"]["shared"] is True
+    assert config["model"]["d_model"] == options.DEMO["model"]["d_model"]  # the demo corpus brings the demo's model
+    arguments = cli.build_parser().parse_args(["train", "--out", "x", "--dataset", "multi30k"])
+    config = options.config_from_options(options.TRANSLATION, vars(arguments))
+    assert config == {"data": {"dataset": "multi30k"}}
+
+
+def test_the_command_is_quiet_about_tensorflow_starting(tmp_path):
+    # The installed command, with no TF_CPP_MIN_LOG_LEVEL: TensorFlow starts
+    # (to evaluate), and stderr holds our one line and nothing of its start-up.
+    command = Path(sys.executable).with_name("keras-transformer")
+    environment = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
+    result = subprocess.run(
+        [str(command), "evaluate", str(tmp_path / "nowhere")], capture_output=True, text=True, env=environment,
+        timeout=300,
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"keras-transformer: error: {tmp_path / 'nowhere'} is not a run directory: it has no config.json"
+    ], result.stderr

@@ -217,3 +217,31 @@ def test_batches_split_evenly_between_replicas(corpus, tokenizers):
     sizes = [int(labels.shape[0]) for _, labels in batches.dataset]
     assert all(size % 2 == 0 and size > 0 for size in sizes)
     assert 300 - len(sizes) <= sum(sizes) <= 300
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        dict(tokens_per_batch=300, max_length=12),  # many buckets, long pairs dropped
+        dict(tokens_per_batch=300, max_length=12, long_pairs="truncate", batch_multiple=2),
+        dict(batch_size=7, max_length=40, batch_multiple=3),
+    ],
+)
+def test_an_epoch_has_as_many_batches_as_keras_is_told(corpus, tokenizers, arguments):
+    # Keras shows the count in its progress bar and stops each epoch there.
+    batches = data.make_translation_batches(corpus["val"][:500], *tokenizers, seed=3, **arguments)
+    assert batches.dataset.cardinality().numpy() == batches.num_batches
+    for _ in range(2):  # every epoch's order gives the same count
+        assert sum(1 for _ in batches.dataset) == batches.num_batches
+
+
+def test_classification_batches_know_their_count(tokenizers):
+    from keras_transformer import text
+
+    tokenizer = text.WordPieceTokenizer.learn(["a good film", "a bad film"] * 5, vocab_size=30,
+                                              reserved_tokens=text.CLASSIFIER_TOKENS)
+    examples = [("a good film", 1), ("a bad film", 0)] * 11
+    for drop_remainder, expected in ((False, 5), (True, 4)):
+        dataset, _ = data.make_classification_batches(examples, tokenizer, 8, 5, shuffle=True, seed=0,
+                                                      drop_remainder=drop_remainder)
+        assert dataset.cardinality().numpy() == expected and sum(1 for _ in dataset) == expected

@@ -22,7 +22,7 @@ import pytest
 import tensorflow as tf
 
 from helpers import check_run_directory, cli, run
-from keras_transformer import runs
+from keras_transformer.runs import translation
 from keras_transformer.export import export_translator, resolve_export
 
 BEAM_SIZE = 2
@@ -133,7 +133,7 @@ def export_base(trained_demo_run, tmp_path_factory):
 def in_process(trained_demo_run):
     """What the translator in this process gives (same settings as the export)."""
     run_dir, _ = trained_demo_run
-    translator = runs.load_translator(run_dir, beam_size=BEAM_SIZE)
+    translator = translation.load_translator(run_dir, beam_size=BEAM_SIZE)
     texts = tf.constant(SENTENCES, tf.string)
     return translator, translator(texts), translator.translate_with_attention(texts)
 

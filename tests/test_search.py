@@ -6,7 +6,16 @@ import pytest
 import tensorflow as tf
 
 import keras_transformer as kt
-from keras_transformer.inference import Translator, beam_search, greedy_search, score_sequences
+from keras_transformer.inference import (
+    Translator,
+    beam_search,
+    greedy_search,
+    num_steps,
+    output_limits,
+    score_sequences,
+    transformer_search,
+    transformer_step,
+)
 from keras_transformer.text import WordPieceTokenizer
 
 START, END = 2, 3
@@ -32,7 +41,7 @@ def model():
     for end_bias in np.arange(0.0, 3.0, 0.05):
         bias[END] = end_bias
         model.output_projection.bias.assign(bias)
-        tokens, _ = greedy_search(model, sources(1), START, END, max_extra_length=3)
+        tokens, _ = transformer_search(model, sources(1), START, END, max_extra_length=3)
         ended = [END in row for row in tokens.numpy()]
         if any(ended) and not all(ended):
             return model
@@ -43,16 +52,16 @@ def test_cached_greedy_equals_greedy_recomputing_the_prefix(model):
     for seed in range(3):
         ids = sources(seed)
         cached_tokens, cached_scores = tf.function(
-            lambda x: greedy_search(model, x, START, END, max_extra_length=6))(ids)
+            lambda x: transformer_search(model, x, START, END, max_extra_length=6))(ids)
         plain_tokens, plain_scores = tf.function(
-            lambda x: greedy_search(model, x, START, END, max_extra_length=6, use_cache=False))(ids)
+            lambda x: transformer_search(model, x, START, END, max_extra_length=6, use_cache=False))(ids)
         np.testing.assert_array_equal(cached_tokens.numpy(), plain_tokens.numpy())
         np.testing.assert_allclose(cached_scores.numpy(), plain_scores.numpy(), atol=1e-5)
 
 
 def test_sentences_finish_at_different_steps_and_respect_their_limits(model):
     ids = sources(1)
-    tokens, _ = tf.function(lambda x: greedy_search(model, x, START, END, max_extra_length=3))(ids)
+    tokens, _ = tf.function(lambda x: transformer_search(model, x, START, END, max_extra_length=3))(ids)
     tokens = tokens.numpy()
     source_lengths = (ids != 0).sum(1)
     lengths = (tokens != 0).sum(1)
@@ -66,9 +75,9 @@ def test_sentences_finish_at_different_steps_and_respect_their_limits(model):
 
 def test_batch_composition_does_not_change_a_translation(model):
     ids = sources(2)
-    batched, _ = greedy_search(model, ids, START, END, max_extra_length=6)
+    batched, _ = transformer_search(model, ids, START, END, max_extra_length=6)
     for row in range(len(ids)):
-        alone, _ = greedy_search(model, ids[row : row + 1], START, END, max_extra_length=6)
+        alone, _ = transformer_search(model, ids[row : row + 1], START, END, max_extra_length=6)
         length = alone.shape[1]
         np.testing.assert_array_equal(batched.numpy()[row, :length], alone.numpy()[0])
         assert np.all(batched.numpy()[row, length:] == 0)
@@ -76,9 +85,16 @@ def test_batch_composition_does_not_change_a_translation(model):
 
 def test_beam_of_one_is_greedy(model):
     ids = sources(3)
-    greedy_tokens, greedy_scores = tf.function(lambda x: greedy_search(model, x, START, END, max_extra_length=6))(ids)
-    beam_tokens, beam_scores = tf.function(
-        lambda x: beam_search(model, x, START, END, beam_size=1, max_extra_length=6))(ids)
+
+    def search(x, beam_search_of_one=False):
+        max_lengths = output_limits(model, x, max_extra_length=6)
+        step_fn, cache = transformer_step(model, x, num_steps(max_lengths))
+        if beam_search_of_one:
+            return beam_search(step_fn, cache, START, END, max_lengths, beam_size=1, cache_batch_axis=1)
+        return greedy_search(step_fn, cache, START, END, max_lengths, cache_batch_axis=1)
+
+    greedy_tokens, greedy_scores = tf.function(search)(ids)
+    beam_tokens, beam_scores = tf.function(lambda x: search(x, beam_search_of_one=True))(ids)
     np.testing.assert_array_equal(beam_tokens.numpy(), greedy_tokens.numpy())
     np.testing.assert_allclose(beam_scores.numpy(), greedy_scores.numpy(), atol=1e-5)
 
@@ -87,9 +103,9 @@ def test_beam_of_one_is_greedy(model):
 def test_beam_search_never_scores_worse_than_greedy(model, beam_size):
     for seed in range(3):
         ids = sources(10 + seed)
-        greedy_tokens, _ = greedy_search(model, ids, START, END, max_extra_length=6)
+        greedy_tokens, _ = transformer_search(model, ids, START, END, max_extra_length=6)
         beam_tokens, beam_scores = tf.function(
-            lambda x: beam_search(model, x, START, END, beam_size=beam_size, max_extra_length=6))(ids)
+            lambda x: transformer_search(model, x, START, END, beam_size=beam_size, max_extra_length=6))(ids)
         # Scores recomputed from scratch with a teacher-forced pass.
         greedy_model_scores = score_sequences(model, ids, greedy_tokens, START).numpy()
         beam_model_scores = score_sequences(model, ids, beam_tokens, START).numpy()
@@ -99,15 +115,15 @@ def test_beam_search_never_scores_worse_than_greedy(model, beam_size):
 
 def test_cached_beam_equals_recomputed_beam(model):
     ids = sources(4)
-    cached = tf.function(lambda x: beam_search(model, x, START, END, beam_size=3, max_extra_length=5))(ids)
-    plain = tf.function(lambda x: beam_search(model, x, START, END, beam_size=3, max_extra_length=5, use_cache=False))(ids)
+    cached = tf.function(lambda x: transformer_search(model, x, START, END, beam_size=3, max_extra_length=5))(ids)
+    plain = tf.function(lambda x: transformer_search(model, x, START, END, beam_size=3, max_extra_length=5, use_cache=False))(ids)
     np.testing.assert_array_equal(cached[0].numpy(), plain[0].numpy())
     np.testing.assert_allclose(cached[1].numpy(), plain[1].numpy(), atol=1e-5)
 
 
 def test_bad_beam_size(model):
     with pytest.raises(ValueError, match="beam_size must be at least 1"):
-        beam_search(model, sources(), START, END, beam_size=0)
+        transformer_search(model, sources(), START, END, beam_size=0)
 
 
 @pytest.fixture(scope="module")
@@ -201,9 +217,117 @@ def test_cached_search_under_mixed_bfloat16():
     keras.config.set_dtype_policy("mixed_bfloat16")
     model = kt.models.Transformer(**CONFIG)
     ids = sources(5)
-    for search in (greedy_search, beam_search):
-        cached = tf.function(lambda x: search(model, x, START, END, max_extra_length=4))(ids)
-        plain = tf.function(lambda x: search(model, x, START, END, max_extra_length=4, use_cache=False))(ids)
+    for beam_size in (1, 4):
+        cached = tf.function(lambda x: transformer_search(model, x, START, END, beam_size, max_extra_length=4))(ids)
+        plain = tf.function(
+            lambda x: transformer_search(model, x, START, END, beam_size, max_extra_length=4, use_cache=False))(ids)
         assert cached[1].dtype == tf.float32 and np.all(np.isfinite(cached[1].numpy()))
         # bfloat16 rounding differs between the two paths; most tokens agree.
         assert np.mean(cached[0].numpy() == plain[0].numpy()) > 0.8
+
+
+# The searches on their own: driven by hand-written step functions over fixed
+# tables of next-token probabilities, with no Transformer anywhere.
+PAD, TOY_START, TOY_END, A, B = 0, 1, 2, 3, 4
+
+
+def toy_table(rows, vocab=5):
+    """`table[previous, newest]`: the next token's probabilities; [END] is likely unless `rows` says otherwise."""
+    table = np.zeros([vocab, vocab, vocab], np.float32)
+    table[..., TOY_END], table[..., A], table[..., B] = 0.9, 0.05, 0.05
+    for (previous, newest), probabilities in rows.items():
+        table[previous, newest] = [probabilities.get(token, 0.0) for token in range(vocab)]
+    return table
+
+
+def toy_step(table, cache_batch_axis=0):
+    """A trigram model as a step function: its cache holds each row's previous token."""
+    log_table = tf.math.log(tf.constant(table, tf.float32))
+
+    def step_fn(tokens, cache, index):
+        previous = cache["previous"][0] if cache_batch_axis == 1 else cache["previous"]
+        logits = tf.gather_nd(log_table, tf.stack([previous, tokens], axis=1))
+        return logits, {"previous": tokens[None] if cache_batch_axis == 1 else tokens}
+
+    return step_fn
+
+
+def toy_cache(previous, beams=1, cache_batch_axis=0):
+    previous = tf.repeat(tf.constant(previous, tf.int32), beams)  # every beam of a sentence starts alike
+    return {"previous": previous[None] if cache_batch_axis == 1 else previous}
+
+
+def toy_scores(table, previous_tokens, tokens, alpha):
+    """Teacher-forced length-normalised log-probabilities of `tokens` under the trigram `table`."""
+    scores = []
+    for previous, row in zip(previous_tokens, tokens):
+        newest, total, length = TOY_START, 0.0, 0
+        for token in row[row != 0]:
+            probabilities = table[previous, newest].astype(np.float64)
+            total += np.log(probabilities[token] / probabilities.sum())
+            previous, newest, length = newest, token, length + 1
+        scores.append(total / ((5 + length) / 6) ** alpha)
+    return np.array(scores)
+
+
+TOY_TABLE = toy_table({
+    # Sentence 0 (starting after [PAD]): greedy search takes A, the better pair starts with B.
+    (PAD, TOY_START): {A: 0.5, B: 0.4, TOY_END: 0.1},
+    (TOY_START, A): {TOY_START: 0.4, A: 0.22, B: 0.2, TOY_END: 0.18},  # [START] is never generated
+    (TOY_START, B): {TOY_END: 0.9, A: 0.05, B: 0.05},
+    # Sentence 1 (starting after B): ending at once is likelier than "B [END]", but shorter.
+    (B, TOY_START): {TOY_END: 0.52, B: 0.479, A: 0.001},
+})
+TOY_FIRST = [PAD, B]  # each sentence's token before [START]
+TOY_MAX_LENGTHS = [2, 3]
+
+
+@pytest.mark.parametrize("length_alpha", [0.6, 2.0])
+def test_greedy_search_on_a_hand_written_step_function(length_alpha):
+    search = tf.function(lambda cache: greedy_search(
+        toy_step(TOY_TABLE), cache, TOY_START, TOY_END, TOY_MAX_LENGTHS, length_alpha=length_alpha))
+    tokens, scores = search(toy_cache(TOY_FIRST))
+    # Sentence 0 stops at its limit of 2 tokens without [END]; sentence 1 ends at once.
+    np.testing.assert_array_equal(tokens.numpy(), [[A, A, 0], [TOY_END, 0, 0]])
+    expected = [np.log(0.5 * 0.22) / (7 / 6) ** length_alpha, np.log(0.52)]
+    np.testing.assert_allclose(scores.numpy(), expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("length_alpha, sentence_1", [(0.0, [TOY_END, 0, 0]), (0.6, [TOY_END, 0, 0]), (2.0, [B, TOY_END, 0])])
+def test_beam_search_on_a_hand_written_step_function(length_alpha, sentence_1):
+    beams = 2
+    search = tf.function(lambda cache: beam_search(
+        toy_step(TOY_TABLE), cache, TOY_START, TOY_END, TOY_MAX_LENGTHS, beam_size=beams, length_alpha=length_alpha))
+    tokens, scores = search(toy_cache(TOY_FIRST, beams))
+    # Sentence 0: "B [END]" (0.4 * 0.9) beats greedy's "A A" (0.5 * 0.22). Sentence 1:
+    # "[END]" (0.52) against "B [END]" (0.479 * 0.9): the length penalty decides.
+    np.testing.assert_array_equal(tokens.numpy(), [[B, TOY_END, 0], sentence_1])
+    np.testing.assert_allclose(scores.numpy(), toy_scores(TOY_TABLE, TOY_FIRST, tokens.numpy(), length_alpha), rtol=1e-5)
+    assert scores.numpy()[1] == pytest.approx(
+        np.log(0.52) if sentence_1[0] == TOY_END else np.log(0.479 * 0.9) / (7 / 6) ** length_alpha, rel=1e-5)
+
+
+@pytest.mark.parametrize("cache_batch_axis", [0, 1])
+def test_searches_return_what_a_random_step_function_scores_them(cache_batch_axis):
+    # A random trigram: the cache must follow every row (and every reordered
+    # beam), or the returned scores would not be those of the returned tokens.
+    vocab, alpha = 7, 0.6
+    table = np.random.default_rng(0).dirichlet(np.full(vocab, 0.5), size=(vocab, vocab)).astype(np.float32)
+    first, max_lengths = [3, 4, 5, 6, 0], [1, 3, 4, 5, 6]
+    step_fn = toy_step(table, cache_batch_axis)
+    settings = dict(start_id=TOY_START, end_id=TOY_END, max_lengths=max_lengths, length_alpha=alpha,
+                    cache_batch_axis=cache_batch_axis)
+    greedy = tf.function(lambda cache: greedy_search(step_fn, cache, **settings))(toy_cache(first, 1, cache_batch_axis))
+    for beams in (1, 2, 3):
+        found = tf.function(lambda cache: beam_search(step_fn, cache, beam_size=beams, **settings))(
+            toy_cache(first, beams, cache_batch_axis))
+        if beams == 1:
+            np.testing.assert_array_equal(found[0].numpy(), greedy[0].numpy())
+        for tokens, scores in (greedy, found):
+            tokens = tokens.numpy()
+            np.testing.assert_allclose(scores.numpy(), toy_scores(table, first, tokens, alpha), rtol=1e-4)
+            lengths = (tokens != 0).sum(axis=1)
+            assert np.all(lengths <= max_lengths) and np.all(lengths >= 1)
+            for row, length in zip(tokens, lengths):
+                assert np.all(row[length:] == 0) and TOY_END not in row[: length - 1]
+                assert TOY_START not in row

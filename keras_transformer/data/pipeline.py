@@ -17,6 +17,7 @@ A classifier's labelled texts take a simpler road: `make_classification_batches`
 
 import dataclasses
 
+import numpy as np
 import tensorflow as tf
 
 LONG_PAIR_POLICIES = ("drop", "truncate")
@@ -33,6 +34,7 @@ class TranslationBatches:
     # The epoch whose order the next pass over `dataset` takes (see
     # `shuffle_each_epoch`); None when the pairs are not shuffled.
     epoch: tf.Variable = None
+    num_batches: int = None  # batches in one pass (the dataset's cardinality)
 
 
 def _length_buckets(max_length):
@@ -119,14 +121,20 @@ def make_translation_batches(
         .map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
         .unbatch()
     )
-    # One pass to count what max_length costs, so the caller can report it.
-    num_long = int(tokenized.reduce(0, lambda count, pair: count + tf.cast(too_long(*pair), tf.int32)))
+    # One pass over the lengths: what max_length costs (for the caller to
+    # report), and how many batches an epoch has (for Keras' progress bar).
+    sizes = tokenized.map(lambda source, target: tf.stack([tf.size(source), tf.size(target)]))
+    lengths = np.concatenate(list(sizes.batch(1 << 16).as_numpy_iterator()))  # (pairs, 2)
+    long = (lengths > max_length).any(axis=1)
+    num_long = int(long.sum())
     if long_pairs == "drop":
         kept = tokenized.filter(lambda source, target: tf.logical_not(too_long(source, target)))
         counts = dict(num_pairs=len(pairs) - num_long, num_dropped=num_long, num_truncated=0)
+        lengths = lengths[~long]
     else:
         kept = tokenized.map(truncate)
         counts = dict(num_pairs=len(pairs), num_dropped=0, num_truncated=num_long)
+        lengths = np.minimum(lengths, max_length)
     if counts["num_pairs"] == 0:
         raise ValueError(f"every pair is longer than max_length={max_length} tokens")
 
@@ -142,17 +150,22 @@ def make_translation_batches(
     padded_shapes = (([None], [None]), [None])
     if batch_size is not None:
         dataset = dataset.padded_batch(batch_size, padded_shapes=padded_shapes)
+        groups = [(len(lengths), batch_size)]  # (pairs, rows a batch)
     else:
         bounds = _length_buckets(max_length)
         # Bucket i holds pairs shorter than bounds[i]; its longest pair sets
         # how many rows fit in the budget. The last bucket goes to max_length.
         longest = [bound - 1 for bound in bounds] + [max_length]
+        rows = [max(1, tokens_per_batch // length) for length in longest]
         dataset = dataset.bucket_by_sequence_length(
             element_length_func=lambda inputs, labels: tf.maximum(tf.size(inputs[0]), tf.size(labels)),
             bucket_boundaries=bounds,
-            bucket_batch_sizes=[max(1, tokens_per_batch // length) for length in longest],
+            bucket_batch_sizes=rows,
             padded_shapes=padded_shapes,
         )
+        # The same lengths (source, target without [START]) put in the same buckets.
+        buckets = np.searchsorted(bounds, np.maximum(lengths[:, 0], lengths[:, 1] - 1), side="right")
+        groups = [(count, rows[bucket]) for bucket, count in zip(*np.unique(buckets, return_counts=True))]
     if batch_multiple > 1:
 
         def trim(inputs, labels):
@@ -160,8 +173,24 @@ def make_translation_batches(
             return (inputs[0][:rows], inputs[1][:rows]), labels[:rows]
 
         dataset = dataset.map(trim).filter(lambda inputs, labels: tf.shape(labels)[0] > 0)
+    # Batching by length makes an epoch's number of batches unknown to
+    # tf.data, though it does not depend on the order: every bucket fills
+    # its batches and hands over what is left at the end of the epoch.
+    num_batches = sum(_batches_of(count, size, batch_multiple) for count, size in groups)
+    dataset = dataset.apply(tf.data.experimental.assert_cardinality(num_batches))
     dataset = dataset.prefetch(tf.data.AUTOTUNE)
-    return TranslationBatches(dataset=dataset, epoch=epoch, **counts)
+    return TranslationBatches(dataset=dataset, epoch=epoch, num_batches=num_batches, **counts)
+
+
+def _batches_of(count, rows, batch_multiple=1, drop_remainder=False):
+    """How many batches `count` elements make, `rows` a batch.
+
+    A batch trimmed to a multiple of `batch_multiple` rows that has none
+    left is dropped, as is a last, smaller one with `drop_remainder`.
+    """
+    full, remainder = divmod(int(count), rows)
+    full_kept = full if rows >= batch_multiple else 0
+    return full_kept + (1 if remainder >= max(batch_multiple, 1) and not drop_remainder else 0)
 
 
 def shuffle_each_epoch(dataset, buffer_size, seed=None):
@@ -232,6 +261,9 @@ def make_classification_batches(examples, tokenizer, max_length, batch_size, shu
     if shuffle:
         dataset, epoch = shuffle_each_epoch(dataset, len(examples), seed)
     dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+    # Shuffling each epoch hides the count from tf.data; Keras shows it.
+    num_batches = _batches_of(len(examples), batch_size, drop_remainder=drop_remainder)
+    dataset = dataset.apply(tf.data.experimental.assert_cardinality(num_batches))
     dataset = dataset.map(
         lambda batch, batch_labels: (tokenizer.tokenize_with_cls(batch, max_length), batch_labels),
         num_parallel_calls=tf.data.AUTOTUNE,

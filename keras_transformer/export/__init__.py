@@ -1,5 +1,6 @@
-"""Export a trained translator as a SavedModel that TensorFlow Serving runs."""
+"""Export a trained translator or text classifier as a SavedModel that TensorFlow Serving runs."""
 
+from keras_transformer.export.classifier import export_classifier
 from keras_transformer.export.saved_model import (
     SIGNATURES,
     TranslationService,
@@ -9,4 +10,12 @@ from keras_transformer.export.saved_model import (
     version_path,
 )
 
-__all__ = ["SIGNATURES", "TranslationService", "export_translator", "load_export", "resolve_export", "version_path"]
+__all__ = [
+    "SIGNATURES",
+    "TranslationService",
+    "export_classifier",
+    "export_translator",
+    "load_export",
+    "resolve_export",
+    "version_path",
+]

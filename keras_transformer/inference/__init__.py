@@ -1,6 +1,23 @@
-"""Decoding: greedy and beam search on the cache, and a text-to-text Translator."""
+"""Decoding: greedy and beam search over any model's step function, the Transformer's step, and a text-to-text Translator."""
 
-from keras_transformer.inference.search import beam_search, greedy_search, length_penalty, score_sequences
+from keras_transformer.inference.search import beam_search, greedy_search, higher_scoring, length_penalty, num_steps
+from keras_transformer.inference.steps import (
+    output_limits,
+    score_sequences,
+    transformer_search,
+    transformer_step,
+)
 from keras_transformer.inference.translator import Translator
 
-__all__ = ["Translator", "beam_search", "greedy_search", "length_penalty", "score_sequences"]
+__all__ = [
+    "Translator",
+    "beam_search",
+    "greedy_search",
+    "higher_scoring",
+    "length_penalty",
+    "num_steps",
+    "output_limits",
+    "score_sequences",
+    "transformer_search",
+    "transformer_step",
+]

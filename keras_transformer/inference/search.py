@@ -1,19 +1,37 @@
-"""Autoregressive decoding: greedy and beam search on the key/value cache.
+"""Autoregressive decoding: greedy and beam search, for any model.
 
 Section 6.1: "We used beam search with a beam size of 4 and length penalty
 alpha = 0.6 ... maximum output length during inference to input length + 50,
 but terminate early when possible."
 
-Both searches run one decoder step per generated token. With the cache
-(`use_cache=True`, the default) a step feeds only the newest token and reads
-earlier keys and values from the cache; without it, a step re-runs the
-decoder on the whole prefix (kept as the plain reference the cached path is
-tested and benchmarked against). Everything is TensorFlow ops, so the
-functions run inside `tf.function` and in an exported SavedModel.
+The searches know nothing about the model. They drive a step function
 
-Each sentence stops at [END] or at its own limit, `min(source length +
-max_extra_length, model.max_length)` generated tokens, so a sentence's
-translation does not depend on what else is in the batch.
+    step_fn(tokens, cache, index) -> (logits, cache)
+
+that, given the newest token of every row (`tokens`, `(rows,)` int32, the
+token at output position `index`; [START] at index 0) and the model's state
+(`cache`), returns the logits of the token that follows (`(rows, vocab)`)
+and the updated state. Only the model knows what the cache holds and how a
+step uses it; `inference.steps.transformer_step` builds the step function of
+the encoder-decoder Transformer (encode the source once, then one decoder
+step on the key/value cache), and a decoder-only model would build its own.
+This is how keras-hub's samplers are written (against `next(prompt, cache,
+index)`).
+
+The cache contract: a nested structure (lists, tuples, dicts) of tensors,
+each holding the rows on axis `cache_batch_axis`, with room for
+`num_steps(max_lengths)` steps. The step function returns it with the same
+structure and shapes (it writes in place at `index`, which keeps the loop's
+shapes fixed and the searches XLA friendly). Beam search runs `batch *
+beam_size` rows, the beams of a sentence next to each other, and after every
+step gathers the cache rows of the beams that survive; what is the same for
+every beam of a sentence (an encoded source) belongs in the step function,
+not in the cache.
+
+Everything is TensorFlow ops, so the searches run inside `tf.function` and in
+an exported SavedModel. Each sentence stops at [END] or at its own limit
+(`max_lengths`), so a sentence's output does not depend on what else is in
+the batch. Id 0 is padding: neither it nor [START] is ever generated.
 
 Returned tokens exclude [START], include [END] when generated, and are
 padded with 0; scores are length-normalised log-probabilities (GNMT length
@@ -21,8 +39,6 @@ penalty ((5 + length) / 6) ** alpha), the quantity beam search maximises.
 """
 
 import tensorflow as tf
-
-from keras_transformer.layers.masks import padding_mask
 
 # Stands in for log(0): finite, so that arithmetic on it never makes NaN.
 NEG_INF = -1e9
@@ -33,106 +49,42 @@ def length_penalty(lengths, alpha):
     return tf.pow((5.0 + tf.cast(lengths, tf.float32)) / 6.0, alpha)
 
 
-def output_length_cap(model, max_output_length=None):
-    """The longest output allowed: `max_output_length`, at most the model's `max_length`."""
-    if max_output_length is None:
-        return model.max_length
-    if not 1 <= max_output_length <= model.max_length:
-        raise ValueError(
-            f"max_output_length must be between 1 and the model's max_length ({model.max_length}), "
-            f"got {max_output_length}"
-        )
-    return max_output_length
+def num_steps(max_lengths):
+    """The most steps a search with these per-sentence limits runs (at least 1): the room its cache needs."""
+    return tf.maximum(tf.reduce_max(tf.convert_to_tensor(max_lengths, tf.int32)), 1)
 
 
-def _limits(model, source_ids, max_extra_length, max_output_length=None):
-    """Each sentence's output limit, and the number of steps the batch needs (at least 1)."""
-    source_lengths = tf.reduce_sum(tf.cast(padding_mask(source_ids), tf.int32), axis=1)
-    limits = tf.minimum(source_lengths + max_extra_length, output_length_cap(model, max_output_length))
-    return limits, tf.maximum(tf.reduce_max(limits), 1)
+def _open_axis(shape, axis):
+    """`shape` with `axis` left unknown."""
+    if shape.rank in (None, 0):
+        return shape
+    dims = shape.as_list()
+    dims[axis] = None
+    return tf.TensorShape(dims)
 
 
-class _CachedSteps:
-    """One decoder step per call, reading and writing the key/value cache."""
-
-    def __init__(self, model, memory, source_mask, num_steps):
-        self.model = model
-        self.source_mask = source_mask
-        self.state = model.build_cache(memory, num_steps)
-
-    def log_probs(self, state, tokens, step):
-        logits, state = self.model.decode(
-            tokens[:, None], encoder_padding_mask=self.source_mask, cache=state, cache_index=step
-        )
-        return tf.nn.log_softmax(logits[:, 0]), state
-
-    @staticmethod
-    def reorder(state, rows):
-        # Cross-attention caches are the same for every beam of a sentence;
-        # only the self-attention caches follow the chosen beams. Caches
-        # hold keys and values on axis 0, the batch on axis 1.
-        return [
-            {name: tf.gather(value, rows, axis=1) if name == "self_attention" else value for name, value in layer.items()}
-            for layer in state
-        ]
-
-    @staticmethod
-    def shape_invariants(state):
-        # Only the batch axis (axis 1 of a cache) may change size.
-        return tf.nest.map_structure(lambda cache: tf.TensorShape([cache.shape[0], None]).concatenate(cache.shape[2:]), state)
-
-
-class _RecomputedSteps:
-    """The reference: every step re-runs the decoder over the whole prefix."""
-
-    def __init__(self, model, memory, source_mask, num_steps):
-        self.model = model
-        self.memory = memory
-        self.source_mask = source_mask
-        self.state = tf.zeros([tf.shape(memory)[0], 0], tf.int32)  # decoder inputs so far
-
-    def log_probs(self, state, tokens, step):
-        state = tf.concat([state, tokens[:, None]], axis=1)
-        logits = self.model.decode(state, self.memory, encoder_padding_mask=self.source_mask)
-        return tf.nn.log_softmax(logits[:, -1]), state
-
-    @staticmethod
-    def reorder(state, rows):
-        return tf.gather(state, rows)
-
-    @staticmethod
-    def shape_invariants(state):
-        return tf.TensorShape([None, None])
-
-
-def _steps(use_cache):
-    return _CachedSteps if use_cache else _RecomputedSteps
-
-
-def _invariants(loop_vars, state_index, steps):
-    """Loop-variable shapes: the batch axis left open, and a recomputed prefix may grow."""
-
-    def open_batch(value):
-        shape = value.shape
-        return shape if shape.rank in (None, 0) else tf.TensorShape([None]).concatenate(shape[1:])
-
-    shapes = [tf.nest.map_structure(open_batch, var) for var in loop_vars]
-    shapes[state_index] = steps.shape_invariants(loop_vars[state_index])
+def _loop_shapes(loop_vars, cache_position, cache_batch_axis):
+    """Loop-variable shapes with the rows' axis left open (beam search's gathers lose its static size)."""
+    shapes = [tf.nest.map_structure(lambda value: _open_axis(value.shape, 0), var) for var in loop_vars]
+    shapes[cache_position] = tf.nest.map_structure(
+        lambda value: _open_axis(value.shape, cache_batch_axis), loop_vars[cache_position]
+    )
     return tuple(shapes)
 
 
-def _never_generated(model, start_id):
-    """`(vocab_size,)` bool, True at [PAD] and [START]: ids that are never outputs.
-
-    Built once per search, outside the step loop.
-    """
-    ids = tf.range(model.tgt_vocab_size)
-    return (ids == 0) | (ids == tf.cast(start_id, tf.int32))
-
-
-def _never_generate(log_probs, forbidden):
-    """Give the `forbidden` ids no chance (probabilities unchanged otherwise)."""
+def _never_generate(log_probs, start_id):
+    """Give [PAD] (0) and [START] no chance (probabilities unchanged otherwise)."""
+    # The vocabulary size is static for a model's logits, so this mask is a
+    # constant once the graph is optimised.
+    ids = tf.range(log_probs.shape[-1] or tf.shape(log_probs)[-1])
+    forbidden = (ids == 0) | (ids == tf.cast(start_id, tf.int32))
     return tf.where(forbidden, tf.cast(NEG_INF, log_probs.dtype), log_probs)
+
+
+def _log_probs(step_fn, last, cache, step, start_id):
+    """One model step: log-probabilities of every next token, and the updated cache."""
+    logits, cache = step_fn(last, cache, step)
+    return _never_generate(tf.nn.log_softmax(logits), start_id), cache
 
 
 def _write_column(buffer, column, values):
@@ -141,73 +93,60 @@ def _write_column(buffer, column, values):
     return tf.where(positions == column, values[..., None], buffer)
 
 
-def greedy_search(
-    model, source_ids, start_id, end_id, max_extra_length=50, length_alpha=0.6, use_cache=True, max_output_length=None
-):
+def greedy_search(step_fn, cache, start_id, end_id, max_lengths, length_alpha=0.6, cache_batch_axis=0):
     """Pick the most probable token at every step.
 
     Args:
-        model: a `keras_transformer.models.Transformer`.
-        source_ids: `(batch, source_length)` int32, 0 = padding.
-        start_id, end_id: the target vocabulary's [START] and [END] ids.
-        max_extra_length: a sentence may be this much longer than its source.
+        step_fn: `(tokens, cache, index) -> (logits, cache)`, see the module
+            docstring; one row per sentence.
+        cache: its initial cache, rows on axis `cache_batch_axis`.
+        start_id, end_id: the output vocabulary's [START] and [END] ids.
+        max_lengths: `(batch,)` int32, each sentence's longest output.
         length_alpha: alpha of the length penalty used for the returned score.
-        use_cache: decode on the key/value cache (else recompute the prefix).
-        max_output_length: no output is longer than this (default: the
-            model's `max_length`).
+        cache_batch_axis: the rows' axis in every cache tensor.
 
     Returns:
-        `(tokens (batch, steps) int32, scores (batch,) float32)`.
+        `(tokens (batch, steps) int32, scores (batch,) float32)`, `steps =
+        num_steps(max_lengths)`.
+
+    Example:
+    >>> step_fn, cache = transformer_step(model, source_ids, num_steps(max_lengths))
+    >>> tokens, scores = greedy_search(step_fn, cache, start_id, end_id, max_lengths, cache_batch_axis=1)
     """
-    source_ids = tf.convert_to_tensor(source_ids, tf.int32)
-    batch = tf.shape(source_ids)[0]
-    limits, num_steps = _limits(model, source_ids, max_extra_length, max_output_length)
-    memory = model.encode(source_ids)
-    steps = _steps(use_cache)(model, memory, padding_mask(source_ids), num_steps)
-    forbidden = _never_generated(model, start_id)
+    max_lengths = tf.convert_to_tensor(max_lengths, tf.int32)
+    batch = tf.shape(max_lengths)[0]
+    steps = num_steps(max_lengths)
 
     def not_done(step, finished, *_):
-        return (step < num_steps) & ~tf.reduce_all(finished)
+        return (step < steps) & ~tf.reduce_all(finished)
 
-    def one_step(step, finished, state, last, tokens, log_prob_sum, lengths):
-        log_probs, state = steps.log_probs(state, last, step)
-        log_probs = _never_generate(log_probs, forbidden)
+    def one_step(step, finished, cache, last, tokens, log_prob_sum, lengths):
+        log_probs, cache = _log_probs(step_fn, last, cache, step, start_id)
         chosen = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
         chosen = tf.where(finished, 0, chosen)
         chosen_log_prob = tf.gather(log_probs, chosen, batch_dims=1)
         log_prob_sum += tf.where(finished, 0.0, chosen_log_prob)
         lengths += tf.where(finished, 0, 1)
         tokens = _write_column(tokens, step, chosen)
-        finished = finished | (chosen == end_id) | (step + 1 >= limits)
-        return step + 1, finished, state, chosen, tokens, log_prob_sum, lengths
+        finished = finished | (chosen == end_id) | (step + 1 >= max_lengths)
+        return step + 1, finished, cache, chosen, tokens, log_prob_sum, lengths
 
     initial = (
         tf.constant(0),
         tf.zeros([batch], tf.bool),
-        steps.state,
+        cache,
         tf.fill([batch], tf.cast(start_id, tf.int32)),
-        tf.zeros([batch, num_steps], tf.int32),
+        tf.zeros([batch, steps], tf.int32),
         tf.zeros([batch], tf.float32),
         tf.zeros([batch], tf.int32),
     )
     _, _, _, _, tokens, log_prob_sum, lengths = tf.while_loop(
-        not_done, one_step, initial, shape_invariants=_invariants(initial, state_index=2, steps=steps)
+        not_done, one_step, initial, shape_invariants=_loop_shapes(initial, 2, cache_batch_axis)
     )
     return tokens, log_prob_sum / length_penalty(lengths, length_alpha)
 
 
-def beam_search(
-    model,
-    source_ids,
-    start_id,
-    end_id,
-    beam_size=4,
-    length_alpha=0.6,
-    max_extra_length=50,
-    use_cache=True,
-    max_output_length=None,
-    keep_greedy=True,
-):
+def beam_search(step_fn, cache, start_id, end_id, max_lengths, beam_size=4, length_alpha=0.6, cache_batch_axis=0):
     """Keep the `beam_size` most probable hypotheses at every step; return the best.
 
     At each step the live hypotheses are extended by every token and the
@@ -216,47 +155,47 @@ def beam_search(
     final: they are set aside, where longer hypotheses can no longer push
     them out. The best `beam_size` that did not end stay live. A sentence is
     done when it has `beam_size` final hypotheses; the one with the best
-    length-normalised score is returned, or the greedy translation when
-    that scores better (`keep_greedy`, see below). With `beam_size=1` this
-    is exactly greedy search. Other arguments as `greedy_search`.
+    length-normalised score is returned. With `beam_size=1` this is exactly
+    greedy search.
+
+    Pruning can drop the greedy path early and end on a worse hypothesis:
+    a caller that wants never to do worse than greedy search runs it too and
+    keeps the better result per sentence (`higher_scoring`).
+
+    Args:
+        step_fn: as for `greedy_search`, on `batch * beam_size` rows: row
+            `b * beam_size + j` is beam j of sentence b.
+        cache: its initial cache for those rows, every beam of a sentence
+            holding the same (`tf.repeat(..., beam_size, axis=cache_batch_axis)`
+            lays a sentence's cache out so). Rows are reordered by a gather on
+            `cache_batch_axis` as beams survive and die.
+        max_lengths: `(batch,)` int32, one limit per sentence.
+        Other arguments as `greedy_search`.
 
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`.
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
-    source_ids = tf.convert_to_tensor(source_ids, tf.int32)
-    batch = tf.shape(source_ids)[0]
-    limits, num_steps = _limits(model, source_ids, max_extra_length, max_output_length)
-    memory = model.encode(source_ids)
-    source_mask = padding_mask(source_ids)
-    # Encode once, then give every beam its own copy of the sentence's context.
-    steps = _steps(use_cache)(model, memory, source_mask, num_steps)
-    forbidden = _never_generated(model, start_id)
-    repeat = lambda value: tf.repeat(value, beam_size, axis=0)  # noqa: E731
-    steps.source_mask = repeat(source_mask)
-    if use_cache:
-        state = tf.nest.map_structure(lambda cache: tf.repeat(cache, beam_size, axis=1), steps.state)
-    else:
-        steps.memory = repeat(memory)
-        state = repeat(steps.state)
-
-    vocab_size = model.tgt_vocab_size
+    max_lengths = tf.convert_to_tensor(max_lengths, tf.int32)
+    batch = tf.shape(max_lengths)[0]
+    steps = num_steps(max_lengths)
     candidates_kept = 2 * beam_size  # enough that beam_size of them did not end
     within_beam = tf.range(candidates_kept)[None, :] < beam_size
     batch_offsets = tf.range(batch)[:, None] * beam_size
 
     def not_done(step, done, *_):
-        return (step < num_steps) & ~tf.reduce_all(done)
+        return (step < steps) & ~tf.reduce_all(done)
 
-    def one_step(step, done, state, last, live, live_log_probs, final, final_scores, final_count):
-        log_probs, state = steps.log_probs(state, last, step)
-        log_probs = tf.reshape(_never_generate(log_probs, forbidden), [batch, beam_size, vocab_size])
+    def one_step(step, done, cache, last, live, live_log_probs, final, final_scores, final_count):
+        log_probs, cache = _log_probs(step_fn, last, cache, step, start_id)
+        vocab_size = log_probs.shape[-1] or tf.shape(log_probs)[-1]
+        log_probs = tf.reshape(log_probs, [batch, beam_size, vocab_size])
         extensions = tf.reshape(live_log_probs[:, :, None] + log_probs, [batch, -1])
         top_log_probs, top = tf.math.top_k(extensions, k=candidates_kept)
         beam_index, tokens = top // vocab_size, top % vocab_size
         top_sequences = _write_column(tf.gather(live, beam_index, batch_dims=1), step, tokens)
-        ends = (tokens == end_id) | (step + 1 >= limits[:, None])
+        ends = (tokens == end_id) | (step + 1 >= max_lengths[:, None])
 
         # Set the ended ones among the first beam_size aside, scored.
         new_final = ends & within_beam & ~done[:, None] & (top_log_probs > NEG_INF / 2)
@@ -265,21 +204,22 @@ def beam_search(
         final_scores, best = tf.math.top_k(tf.concat([final_scores, new_scores], axis=1), k=beam_size)
         final = tf.gather(tf.concat([final, top_sequences], axis=1), best, batch_dims=1)
 
-        # The best beam_size that did not end carry on.
+        # The best beam_size that did not end carry on, each with its parent's cache.
         live_log_probs, best = tf.math.top_k(tf.where(ends, NEG_INF, top_log_probs), k=beam_size)
         live = tf.gather(top_sequences, best, batch_dims=1)
-        state = steps.reorder(state, tf.reshape(batch_offsets + tf.gather(beam_index, best, batch_dims=1), [-1]))
+        parents = tf.reshape(batch_offsets + tf.gather(beam_index, best, batch_dims=1), [-1])
+        cache = tf.nest.map_structure(lambda value: tf.gather(value, parents, axis=cache_batch_axis), cache)
         next_tokens = tf.reshape(tf.gather(tokens, best, batch_dims=1), [-1])
-        done = done | (final_count >= beam_size) | (step + 1 >= limits)
-        return step + 1, done, state, next_tokens, live, live_log_probs, final, final_scores, final_count
+        done = done | (final_count >= beam_size) | (step + 1 >= max_lengths)
+        return step + 1, done, cache, next_tokens, live, live_log_probs, final, final_scores, final_count
 
     # Only the first beam is live at the start, or every beam would be the same.
     first_beam_only = tf.concat([[0.0], tf.fill([beam_size - 1], NEG_INF)], axis=0)
-    no_sequences = tf.zeros([batch, beam_size, num_steps], tf.int32)
+    no_sequences = tf.zeros([batch, beam_size, steps], tf.int32)
     initial = (
         tf.constant(0),
         tf.zeros([batch], tf.bool),
-        state,
+        cache,
         tf.fill([batch * beam_size], tf.cast(start_id, tf.int32)),
         no_sequences,
         tf.tile(first_beam_only[None], [batch, 1]),
@@ -288,36 +228,19 @@ def beam_search(
         tf.zeros([batch], tf.int32),
     )
     results = tf.while_loop(
-        not_done, one_step, initial, shape_invariants=_invariants(initial, state_index=2, steps=steps)
+        not_done, one_step, initial, shape_invariants=_loop_shapes(initial, 2, cache_batch_axis)
     )
     # top_k keeps the final hypotheses sorted: the first is the best.
-    tokens, scores = results[6][:, 0], results[7][:, 0]
-    if beam_size == 1 or not keep_greedy:
-        return tokens, scores
-    # Pruning can drop the greedy path early and end on a worse hypothesis.
-    # Following that one path too (about 1/beam_size more decoding) means
-    # beam search never returns a worse score than greedy search.
-    greedy_tokens, greedy_scores = greedy_search(
-        model, source_ids, start_id, end_id, max_extra_length=max_extra_length, length_alpha=length_alpha,
-        use_cache=use_cache, max_output_length=max_output_length,
-    )
-    width = tf.maximum(tf.shape(tokens)[1], tf.shape(greedy_tokens)[1])
-    pad = lambda values: tf.pad(values, [[0, 0], [0, width - tf.shape(values)[1]]])  # noqa: E731
-    greedy_wins = greedy_scores > scores
-    return tf.where(greedy_wins[:, None], pad(greedy_tokens), pad(tokens)), tf.where(greedy_wins, greedy_scores, scores)
+    return results[6][:, 0], results[7][:, 0]
 
 
-def score_sequences(model, source_ids, target_ids, start_id, length_alpha=0.6):
-    """Length-normalised log-probability of given outputs (tokens as the searches return them).
+def higher_scoring(first, second):
+    """Per sentence, the better of two searches' `(tokens, scores)`: `second` where it scores higher.
 
-    Teacher-forced, independent of either search: for checking them.
+    Tokens are padded with 0 to the wider of the two.
     """
-    source_ids = tf.convert_to_tensor(source_ids, tf.int32)
-    target_ids = tf.convert_to_tensor(target_ids, tf.int32)
-    batch = tf.shape(target_ids)[0]
-    inputs = tf.concat([tf.fill([batch, 1], tf.cast(start_id, tf.int32)), target_ids[:, :-1]], axis=1)
-    log_probs = tf.nn.log_softmax(model((source_ids, inputs)))
-    token_log_probs = tf.gather(log_probs, target_ids, batch_dims=2)
-    real = tf.cast(target_ids != 0, tf.float32)
-    lengths = tf.reduce_sum(tf.cast(target_ids != 0, tf.int32), axis=1)
-    return tf.reduce_sum(token_log_probs * real, axis=1) / length_penalty(lengths, length_alpha)
+    (tokens, scores), (other_tokens, other_scores) = first, second
+    width = tf.maximum(tf.shape(tokens)[1], tf.shape(other_tokens)[1])
+    pad = lambda values: tf.pad(values, [[0, 0], [0, width - tf.shape(values)[1]]])  # noqa: E731
+    other_wins = other_scores > scores
+    return tf.where(other_wins[:, None], pad(other_tokens), pad(tokens)), tf.where(other_wins, other_scores, scores)

@@ -7,7 +7,13 @@ cached search and the detokenizer, and needs no Python to run.
 
 import tensorflow as tf
 
-from keras_transformer.inference.search import beam_search, greedy_search, output_length_cap
+from keras_transformer.inference.steps import output_length_cap, transformer_search
+from keras_transformer.models.attention_maps import (
+    CROSS,
+    attention_map_names,
+    parse_attention_map_name,
+    queries_and_keys,
+)
 
 
 class Translator(tf.Module):
@@ -83,14 +89,10 @@ class Translator(tf.Module):
     def search(self, source_ids):
         """Ids in, `(tokens, scores)` out."""
         target = self.target_tokenizer
-        limits = dict(max_extra_length=self.max_extra_length, max_output_length=self.max_output_length)
-        if self.beam_size == 1:
-            return greedy_search(
-                self.model, source_ids, target.start_id, target.end_id, length_alpha=self.length_alpha, **limits
-            )
-        return beam_search(
+        return transformer_search(
             self.model, source_ids, target.start_id, target.end_id, beam_size=self.beam_size,
-            length_alpha=self.length_alpha, **limits,
+            length_alpha=self.length_alpha, max_extra_length=self.max_extra_length,
+            max_output_length=self.max_output_length,
         )
 
     def _translate(self, texts):
@@ -126,15 +128,17 @@ class Translator(tf.Module):
         _, scores = self.model((source_ids, decoder_inputs), training=False, return_attention_scores=True)
         real_source = tf.cast(source_ids != 0, tf.float32)[:, None, :, None]
         real_target = tf.cast(tokens != 0, tf.float32)[:, None, :, None]
-        return {
-            name: tf.cast(value, tf.float32) * (real_source if name.startswith("encoder/") else real_target)
-            for name, value in scores.items()
-        }
+        masked = {}
+        for name, value in scores.items():
+            # A row is a query: it is real where the query side's token is.
+            real_queries, _ = queries_and_keys(parse_attention_map_name(name)[0], real_source, real_target)
+            masked[name] = tf.cast(value, tf.float32) * real_queries
+        return masked
 
     def cross_attention(self, source_ids, tokens):
         """`(batch, layers, heads, tokens, source)` float32: the cross-attention of every layer."""
         scores = self.attention_scores(source_ids, tokens)
-        names = [f"decoder/layer_{index}/cross_attention" for index in range(self.model.num_layers)]
+        names = attention_map_names(self.model.num_layers, CROSS)
         return tf.stack([scores[name] for name in names], axis=1)
 
     def attention_maps(self, texts):
@@ -157,12 +161,10 @@ class Translator(tf.Module):
             target_ids = outputs["tokens"][row]
             target = [token.decode() for token in self.target_tokenizer.id_to_token(target_ids).numpy()]
             target = target[: int((target_ids != 0).numpy().sum())]
-            lengths = {"encoder": (len(source), len(source)), "self_attention": (len(target), len(target)),
-                       "cross_attention": (len(target), len(source))}
             attention = {}
             for name, value in scores.items():
-                kind = "encoder" if name.startswith("encoder/") else name.rsplit("/", 1)[-1]
-                queries, keys = lengths[kind]
+                kind, _ = parse_attention_map_name(name)
+                queries, keys = queries_and_keys(kind, len(source), len(target))
                 attention[name] = value[row, :, :queries, :keys]
             results.append({"translation": translation.decode(), "source_tokens": source,
                             "target_tokens": target, "attention": attention})

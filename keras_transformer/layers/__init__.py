@@ -1,10 +1,13 @@
 """The Transformer's building blocks, one concept per module.
 
 Read them in this order: `masks`, `attention`, `dropout`, `positional`, `embedding`,
-`feed_forward`, `sublayers`, `encoder`, `decoder`.
+`feed_forward`, `sublayers`, `stack`, `encoder`, `decoder`. Two helpers serve
+them all: `checks` (argument checks) and `config` (each layer declares its
+hyperparameters once; `get_config` follows).
 """
 
 from keras_transformer.layers.attention import MultiHeadAttention, scaled_dot_product_attention
+from keras_transformer.layers.config import Hyperparameters
 from keras_transformer.layers.decoder import Decoder, DecoderLayer
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.embedding import TokenAndPositionEmbedding
@@ -21,6 +24,7 @@ from keras_transformer.layers.positional import (
     PositionEmbedding,
     positional_encoding,
 )
+from keras_transformer.layers.stack import TransformerStack, layer_name
 from keras_transformer.layers.sublayers import AttentionSublayer, FeedForwardSublayer
 
 __all__ = [
@@ -32,11 +36,14 @@ __all__ = [
     "EncoderLayer",
     "FeedForward",
     "FeedForwardSublayer",
+    "Hyperparameters",
     "MultiHeadAttention",
     "PositionEmbedding",
     "PositionalEncoding",
     "TokenAndPositionEmbedding",
+    "TransformerStack",
     "causal_mask",
+    "layer_name",
     "merge_attention_masks",
     "padding_mask",
     "positional_encoding",

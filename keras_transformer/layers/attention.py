@@ -35,6 +35,7 @@ import keras
 from keras import ops
 
 from keras_transformer.layers.checks import check_heads_divide, check_positive_int, check_rate
+from keras_transformer.layers.config import Hyperparameters
 from keras_transformer.layers.masks import merge_attention_masks
 
 # Masked logits are set to this before the softmax. The logits are cast to
@@ -125,7 +126,7 @@ def _write_cache(cache, keys_values, cache_index):
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class MultiHeadAttention(keras.layers.Layer):
+class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
     """Multi-head attention (Section 3.2.2), with masks and a decoding cache.
 
     h heads each attend in a `key_dim`-sized projection of the inputs
@@ -170,6 +171,16 @@ class MultiHeadAttention(keras.layers.Layer):
     >>> attention(x, x, use_causal_mask=True).shape  # (2, 10, 512)
     """
 
+    hyperparameters = (
+        "num_heads",
+        "key_dim",
+        "dropout",
+        "use_bias",
+        "sliding_window",
+        "kernel_initializer",
+        "bias_initializer",
+    )
+
     def __init__(
         self,
         num_heads,
@@ -188,11 +199,8 @@ class MultiHeadAttention(keras.layers.Layer):
         if sliding_window is not None:
             check_positive_int(sliding_window=sliding_window)
         check_rate(dropout=dropout)
-        self.num_heads = num_heads
-        self.key_dim = key_dim
-        self.dropout = dropout
-        self.use_bias = use_bias
-        self.sliding_window = sliding_window
+        self.store_hyperparameters(locals())
+        # Names such as "glorot_uniform" become initializer objects (saved as their config).
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True
@@ -413,18 +421,3 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
         return query_shape
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "num_heads": self.num_heads,
-                "key_dim": self.key_dim,
-                "dropout": self.dropout,
-                "use_bias": self.use_bias,
-                "sliding_window": self.sliding_window,
-                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-            }
-        )
-        return config

@@ -18,13 +18,15 @@ positions t, t+1, ..., returning `(outputs, updated_cache)`.
 import keras
 
 from keras_transformer.layers.checks import check_heads_divide, check_positive_int
-from keras_transformer.layers.encoder import TransformerStack
+from keras_transformer.layers.config import Hyperparameters
+from keras_transformer.layers.encoder import EncoderLayer
 from keras_transformer.layers.masks import keras_mask, padding_mask
+from keras_transformer.layers.stack import TransformerStack
 from keras_transformer.layers.sublayers import AttentionSublayer, FeedForwardSublayer
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class DecoderLayer(keras.layers.Layer):
+class DecoderLayer(Hyperparameters, keras.layers.Layer):
     """One decoder layer: causal self-attention, cross-attention, feed-forward.
 
         x = LayerNorm(x + Dropout(CausalSelfAttention(x)))
@@ -64,6 +66,8 @@ class DecoderLayer(keras.layers.Layer):
     >>> layer(target, source).shape  # (2, 9, 512)
     """
 
+    hyperparameters = EncoderLayer.hyperparameters + ("cross_attention",)
+
     def __init__(
         self,
         num_heads,
@@ -80,38 +84,18 @@ class DecoderLayer(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         check_positive_int(num_heads=num_heads, d_ff=d_ff)
-        self.num_heads = num_heads
-        self.d_ff = d_ff
-        self.dropout = dropout
-        self.norm_first = norm_first
-        self.epsilon = epsilon
-        self.cross_attention = cross_attention
-        self.sliding_window = sliding_window
-        self.activation = activation
-        self.attention_dropout = attention_dropout
-        self.activation_dropout = activation_dropout
-        residual = dict(dropout=dropout, norm_first=norm_first, epsilon=epsilon, dtype=self.dtype_policy)
-        self.self_attention = AttentionSublayer(
-            num_heads,
-            causal=True,
-            sliding_window=sliding_window,
-            attention_dropout=attention_dropout,
-            name="self_attention",
-            **residual,
-        )
+        self.store_hyperparameters(locals())
+        # As in `EncoderLayer`, each sub-block gets the settings it shares with this layer.
+        attention = dict(self.shared_hyperparameters(AttentionSublayer), dtype=self.dtype_policy)
+        self.self_attention = AttentionSublayer(**attention, causal=True, name="self_attention")
+        # The window limits self-attention only: every target position sees the whole source.
         self.cross_attention_block = (
-            AttentionSublayer(
-                num_heads, attention_dropout=attention_dropout, name="cross_attention", **residual
-            )
+            AttentionSublayer(**dict(attention, sliding_window=None), name="cross_attention")
             if cross_attention
             else None
         )
         self.feed_forward = FeedForwardSublayer(
-            d_ff,
-            activation=activation,
-            activation_dropout=activation_dropout,
-            name="feed_forward",
-            **residual,
+            **self.shared_hyperparameters(FeedForwardSublayer), dtype=self.dtype_policy, name="feed_forward"
         )
         self.supports_masking = True
 
@@ -200,24 +184,6 @@ class DecoderLayer(keras.layers.Layer):
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
         return inputs_shape
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "num_heads": self.num_heads,
-                "d_ff": self.d_ff,
-                "dropout": self.dropout,
-                "norm_first": self.norm_first,
-                "epsilon": self.epsilon,
-                "cross_attention": self.cross_attention,
-                "sliding_window": self.sliding_window,
-                "activation": self.activation,
-                "attention_dropout": self.attention_dropout,
-                "activation_dropout": self.activation_dropout,
-            }
-        )
-        return config
-
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class Decoder(TransformerStack):
@@ -252,20 +218,12 @@ class Decoder(TransformerStack):
     >>> decoder(keras.ops.ones((2, 5), "int32"), memory).shape  # (2, 5, 64)
     """
 
+    hyperparameters = TransformerStack.hyperparameters + DecoderLayer.hyperparameters
+
     def __init__(self, *args, cross_attention=True, **kwargs):
         super().__init__(*args, **kwargs)
-        self.cross_attention = cross_attention
-        self.decoder_layers = [
-            DecoderLayer(
-                self.num_heads,
-                self.d_ff,
-                cross_attention=cross_attention,
-                sliding_window=self.sliding_window,
-                name=f"layer_{index}",
-                **self._layer_arguments(),
-            )
-            for index in range(self.num_layers)
-        ]
+        self.store_hyperparameters(locals())  # cross_attention; the base stored the rest
+        self.decoder_layers = self._make_layers(DecoderLayer)
 
     def build(self, token_ids_shape, encoder_outputs_shape=None):
         hidden_shape = self._build_common(token_ids_shape)
@@ -318,7 +276,7 @@ class Decoder(TransformerStack):
             results = list(results) if isinstance(results, tuple) else [results]
             outputs = results.pop(0)
             if return_attention_scores:
-                scores.update({f"layer_{index}/{name}": value for name, value in results.pop(0).items()})
+                scores.update(self._prefixed_scores(index, results.pop(0)))
             if cache is not None:
                 new_cache.append(results.pop(0))
         outputs = self._finish(outputs)
@@ -332,8 +290,3 @@ class Decoder(TransformerStack):
 
     def compute_output_shape(self, token_ids_shape, encoder_outputs_shape=None):
         return tuple(token_ids_shape) + (self.d_model,)
-
-    def get_config(self):
-        config = super().get_config()
-        config["cross_attention"] = self.cross_attention
-        return config

@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from keras_transformer.layers.checks import check_positive_int, check_rate
+from keras_transformer.layers.config import Hyperparameters
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.positional import PositionalEncoding, PositionEmbedding
 
@@ -13,7 +14,7 @@ POSITION_KINDS = ("sinusoidal", "learned")
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class TokenAndPositionEmbedding(keras.layers.Layer):
+class TokenAndPositionEmbedding(Hyperparameters, keras.layers.Layer):
     """Embeds token ids, scales them by sqrt(d_model), adds positions, drops out.
 
     Section 3.4: "In the embedding layers, we multiply those weights by
@@ -44,6 +45,17 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
     >>> embed(keras.ops.convert_to_tensor([[5, 6, 0]])).shape  # (1, 3, 64)
     """
 
+    hyperparameters = (
+        "vocab_size",
+        "d_model",
+        "max_length",
+        "position",
+        "scale",
+        "mask_zero",
+        "dropout",
+        "embeddings_initializer",
+    )
+
     def __init__(
         self,
         vocab_size,
@@ -61,13 +73,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         check_rate(dropout=dropout)
         if position not in POSITION_KINDS:
             raise ValueError(f"position must be one of {POSITION_KINDS}, got {position!r}")
-        self.vocab_size = vocab_size
-        self.d_model = d_model
-        self.max_length = max_length
-        self.position = position
-        self.scale = scale
-        self.mask_zero = mask_zero
-        self.dropout = dropout
+        self.store_hyperparameters(locals())
         # With scaling by sqrt(d_model), unit-variance / sqrt(d_model) vectors
         # come out at unit scale, like the sinusoids they are added to.
         if embeddings_initializer is None:
@@ -116,19 +122,3 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
 
     def compute_output_shape(self, token_ids_shape):
         return tuple(token_ids_shape) + (self.d_model,)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "vocab_size": self.vocab_size,
-                "d_model": self.d_model,
-                "max_length": self.max_length,
-                "position": self.position,
-                "scale": self.scale,
-                "mask_zero": self.mask_zero,
-                "dropout": self.dropout,
-                "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
-            }
-        )
-        return config

@@ -8,13 +8,14 @@ second is a simple, position-wise fully connected feed-forward network."
 import keras
 
 from keras_transformer.layers.checks import check_heads_divide, check_positive_int
-from keras_transformer.layers.embedding import TokenAndPositionEmbedding
+from keras_transformer.layers.config import Hyperparameters
 from keras_transformer.layers.masks import padding_mask
+from keras_transformer.layers.stack import TransformerStack
 from keras_transformer.layers.sublayers import AttentionSublayer, FeedForwardSublayer
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class EncoderLayer(keras.layers.Layer):
+class EncoderLayer(Hyperparameters, keras.layers.Layer):
     """One encoder layer: self-attention, then the feed-forward network.
 
     Post-LN as in the paper:
@@ -49,6 +50,18 @@ class EncoderLayer(keras.layers.Layer):
     >>> layer(keras.ops.zeros((2, 10, 512))).shape  # (2, 10, 512)
     """
 
+    hyperparameters = (
+        "num_heads",
+        "d_ff",
+        "dropout",
+        "norm_first",
+        "epsilon",
+        "sliding_window",
+        "activation",
+        "attention_dropout",
+        "activation_dropout",
+    )
+
     def __init__(
         self,
         num_heads,
@@ -64,29 +77,14 @@ class EncoderLayer(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         check_positive_int(num_heads=num_heads, d_ff=d_ff)
-        self.num_heads = num_heads
-        self.d_ff = d_ff
-        self.dropout = dropout
-        self.norm_first = norm_first
-        self.epsilon = epsilon
-        self.sliding_window = sliding_window
-        self.activation = activation
-        self.attention_dropout = attention_dropout
-        self.activation_dropout = activation_dropout
-        residual = dict(dropout=dropout, norm_first=norm_first, epsilon=epsilon, dtype=self.dtype_policy)
+        self.store_hyperparameters(locals())
+        # Each sub-block gets this layer's values of the settings it declares
+        # too (num_heads for attention, d_ff for the feed-forward network, ...).
         self.self_attention = AttentionSublayer(
-            num_heads,
-            sliding_window=sliding_window,
-            attention_dropout=attention_dropout,
-            name="self_attention",
-            **residual,
+            **self.shared_hyperparameters(AttentionSublayer), dtype=self.dtype_policy, name="self_attention"
         )
         self.feed_forward = FeedForwardSublayer(
-            d_ff,
-            activation=activation,
-            activation_dropout=activation_dropout,
-            name="feed_forward",
-            **residual,
+            **self.shared_hyperparameters(FeedForwardSublayer), dtype=self.dtype_policy, name="feed_forward"
         )
         self.supports_masking = True
 
@@ -110,140 +108,6 @@ class EncoderLayer(keras.layers.Layer):
 
     def compute_output_shape(self, inputs_shape):
         return inputs_shape
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "num_heads": self.num_heads,
-                "d_ff": self.d_ff,
-                "dropout": self.dropout,
-                "norm_first": self.norm_first,
-                "epsilon": self.epsilon,
-                "sliding_window": self.sliding_window,
-                "activation": self.activation,
-                "attention_dropout": self.attention_dropout,
-                "activation_dropout": self.activation_dropout,
-            }
-        )
-        return config
-
-
-class TransformerStack(keras.layers.Layer):
-    """What `Encoder` and `Decoder` share: embedding, N layers, optional final LayerNorm.
-
-    Sizes are checked here once, the embedding is built or shared, and the
-    stack's config is written in one place.
-    """
-
-    def __init__(
-        self,
-        num_layers,
-        vocab_size,
-        d_model,
-        num_heads,
-        d_ff,
-        max_length,
-        dropout=0.1,
-        norm_first=False,
-        epsilon=1e-6,
-        position="sinusoidal",
-        sliding_window=None,
-        activation="relu",
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-        embedding=None,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        check_positive_int(
-            num_layers=num_layers,
-            vocab_size=vocab_size,
-            d_model=d_model,
-            num_heads=num_heads,
-            d_ff=d_ff,
-            max_length=max_length,
-        )
-        check_heads_divide(d_model, num_heads)
-        self.num_layers = num_layers
-        self.vocab_size = vocab_size
-        self.d_model = d_model
-        self.num_heads = num_heads
-        self.d_ff = d_ff
-        self.max_length = max_length
-        self.dropout = dropout
-        self.norm_first = norm_first
-        self.epsilon = epsilon
-        self.position = position
-        self.sliding_window = sliding_window
-        self.activation = activation
-        self.attention_dropout = attention_dropout
-        self.activation_dropout = activation_dropout
-        # A shared embedding (Section 3.4's weight sharing) is passed in by the
-        # model that owns it; it is not part of this layer's config.
-        self.embedding = embedding or TokenAndPositionEmbedding(
-            vocab_size,
-            d_model,
-            max_length,
-            position=position,
-            dropout=dropout,
-            dtype=self.dtype_policy,
-            name="embedding",
-        )
-        # Pre-LN leaves the residual stream unnormalised; normalise it once at the end.
-        self.final_norm = (
-            keras.layers.LayerNormalization(epsilon=epsilon, dtype=self.dtype_policy, name="final_norm")
-            if norm_first
-            else None
-        )
-        self.supports_masking = True
-
-    def _layer_arguments(self):
-        return dict(
-            dropout=self.dropout,
-            norm_first=self.norm_first,
-            epsilon=self.epsilon,
-            activation=self.activation,
-            attention_dropout=self.attention_dropout,
-            activation_dropout=self.activation_dropout,
-            dtype=self.dtype_policy,
-        )
-
-    def _build_common(self, token_ids_shape):
-        if not self.embedding.built:
-            self.embedding.build(token_ids_shape)
-        hidden_shape = tuple(token_ids_shape) + (self.d_model,)
-        if self.final_norm is not None:
-            self.final_norm.build(hidden_shape)
-        return hidden_shape
-
-    def _finish(self, outputs):
-        return outputs if self.final_norm is None else self.final_norm(outputs)
-
-    def compute_mask(self, token_ids, mask=None):
-        return padding_mask(token_ids)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "num_layers": self.num_layers,
-                "vocab_size": self.vocab_size,
-                "d_model": self.d_model,
-                "num_heads": self.num_heads,
-                "d_ff": self.d_ff,
-                "max_length": self.max_length,
-                "dropout": self.dropout,
-                "norm_first": self.norm_first,
-                "epsilon": self.epsilon,
-                "position": self.position,
-                "sliding_window": self.sliding_window,
-                "activation": self.activation,
-                "attention_dropout": self.attention_dropout,
-                "activation_dropout": self.activation_dropout,
-            }
-        )
-        return config
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -281,18 +145,11 @@ class Encoder(TransformerStack):
     >>> encoder(keras.ops.ones((2, 7), "int32")).shape  # (2, 7, 64)
     """
 
+    hyperparameters = TransformerStack.hyperparameters + EncoderLayer.hyperparameters
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.encoder_layers = [
-            EncoderLayer(
-                self.num_heads,
-                self.d_ff,
-                sliding_window=self.sliding_window,
-                name=f"layer_{index}",
-                **self._layer_arguments(),
-            )
-            for index in range(self.num_layers)
-        ]
+        self.encoder_layers = self._make_layers(EncoderLayer)
 
     def build(self, token_ids_shape):
         hidden_shape = self._build_common(token_ids_shape)
@@ -308,7 +165,7 @@ class Encoder(TransformerStack):
             results = layer(outputs, mask=mask, training=training, return_attention_scores=return_attention_scores)
             if return_attention_scores:
                 outputs, layer_scores = results
-                scores.update({f"layer_{index}/{name}": value for name, value in layer_scores.items()})
+                scores.update(self._prefixed_scores(index, layer_scores))
             else:
                 outputs = results
         outputs = self._finish(outputs)

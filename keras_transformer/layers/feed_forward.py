@@ -10,11 +10,12 @@ identically; it is where most of a Transformer layer's parameters live
 import keras
 
 from keras_transformer.layers.checks import check_positive_int, check_rate
+from keras_transformer.layers.config import Hyperparameters
 from keras_transformer.layers.dropout import Dropout
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class FeedForward(keras.layers.Layer):
+class FeedForward(Hyperparameters, keras.layers.Layer):
     """Equation (2): a d_model -> d_ff -> d_model MLP applied at every position.
 
     Args:
@@ -38,14 +39,13 @@ class FeedForward(keras.layers.Layer):
     (2, 10, 64)
     """
 
+    hyperparameters = ("d_model", "d_ff", "activation", "dropout")
+
     def __init__(self, d_model, d_ff, activation="relu", dropout=0.0, **kwargs):
         super().__init__(**kwargs)
         check_positive_int(d_model=d_model, d_ff=d_ff)
         check_rate(dropout=dropout)
-        self.d_model = d_model
-        self.d_ff = d_ff
-        self.activation = activation
-        self.dropout = dropout
+        self.store_hyperparameters(locals())
         self.hidden = keras.layers.Dense(d_ff, activation=activation, dtype=self.dtype_policy, name="hidden")
         self.hidden_dropout = Dropout(dropout, dtype=self.dtype_policy)
         self.projection = keras.layers.Dense(d_model, dtype=self.dtype_policy, name="projection")
@@ -61,15 +61,3 @@ class FeedForward(keras.layers.Layer):
 
     def compute_output_shape(self, inputs_shape):
         return tuple(inputs_shape[:-1]) + (self.d_model,)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "d_model": self.d_model,
-                "d_ff": self.d_ff,
-                "activation": self.activation,
-                "dropout": self.dropout,
-            }
-        )
-        return config

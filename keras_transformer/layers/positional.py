@@ -13,6 +13,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformer.layers.checks import check_positive_int
+from keras_transformer.layers.config import Hyperparameters
 
 
 def positional_encoding(length, depth, base=10000.0):
@@ -46,7 +47,7 @@ def _positions_for(inputs, start_index):
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class PositionalEncoding(keras.layers.Layer):
+class PositionalEncoding(Hyperparameters, keras.layers.Layer):
     """Adds the fixed sinusoidal encoding to a sequence (Section 3.5).
 
     Args:
@@ -66,11 +67,12 @@ class PositionalEncoding(keras.layers.Layer):
     (2, 10, 64)
     """
 
+    hyperparameters = ("max_length", "base")
+
     def __init__(self, max_length=2048, base=10000.0, **kwargs):
         super().__init__(**kwargs)
         check_positive_int(max_length=max_length)
-        self.max_length = max_length
-        self.base = base
+        self.store_hyperparameters(locals())
         self.supports_masking = True
 
     def build(self, inputs_shape):
@@ -91,14 +93,9 @@ class PositionalEncoding(keras.layers.Layer):
     def compute_output_shape(self, inputs_shape):
         return inputs_shape
 
-    def get_config(self):
-        config = super().get_config()
-        config.update({"max_length": self.max_length, "base": self.base})
-        return config
-
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class PositionEmbedding(keras.layers.Layer):
+class PositionEmbedding(Hyperparameters, keras.layers.Layer):
     """Adds a learned vector per position (Section 3.5, the alternative).
 
     Args:
@@ -117,10 +114,12 @@ class PositionEmbedding(keras.layers.Layer):
     (2, 10, 64)
     """
 
+    hyperparameters = ("max_length", "initializer")
+
     def __init__(self, max_length, initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)
         check_positive_int(max_length=max_length)
-        self.max_length = max_length
+        self.store_hyperparameters(locals())
         self.initializer = keras.initializers.get(initializer)
         self.supports_masking = True
 
@@ -140,13 +139,3 @@ class PositionEmbedding(keras.layers.Layer):
 
     def compute_output_shape(self, inputs_shape):
         return inputs_shape
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "max_length": self.max_length,
-                "initializer": keras.initializers.serialize(self.initializer),
-            }
-        )
-        return config

@@ -20,20 +20,21 @@ import keras
 
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.checks import check_positive_int, check_rate
+from keras_transformer.layers.config import Hyperparameters
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.feed_forward import FeedForward
 from keras_transformer.layers.masks import keras_mask
 
 
-class ResidualSublayer(keras.layers.Layer):
+class ResidualSublayer(Hyperparameters, keras.layers.Layer):
     """Base: residual connection, dropout and LayerNorm around `_sublayer`."""
+
+    hyperparameters = ("dropout", "norm_first", "epsilon")
 
     def __init__(self, dropout=0.1, norm_first=False, epsilon=1e-6, **kwargs):
         super().__init__(**kwargs)
         check_rate(dropout=dropout)
-        self.dropout = dropout
-        self.norm_first = norm_first
-        self.epsilon = epsilon
+        self.store_hyperparameters(locals())
         self.norm = keras.layers.LayerNormalization(epsilon=epsilon, dtype=self.dtype_policy, name="norm")
         self.output_dropout = Dropout(dropout, dtype=self.dtype_policy)
         self.supports_masking = True
@@ -49,11 +50,6 @@ class ResidualSublayer(keras.layers.Layer):
 
     def compute_output_shape(self, inputs_shape, *args, **kwargs):
         return inputs_shape
-
-    def get_config(self):
-        config = super().get_config()
-        config.update({"dropout": self.dropout, "norm_first": self.norm_first, "epsilon": self.epsilon})
-        return config
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -90,6 +86,14 @@ class AttentionSublayer(ResidualSublayer):
     >>> block(keras.ops.zeros((2, 10, 64))).shape  # (2, 10, 64)
     """
 
+    hyperparameters = ResidualSublayer.hyperparameters + (
+        "num_heads",
+        "causal",
+        "sliding_window",
+        "attention_dropout",
+        "key_dim",
+    )
+
     def __init__(
         self,
         num_heads,
@@ -103,11 +107,7 @@ class AttentionSublayer(ResidualSublayer):
         **kwargs,
     ):
         super().__init__(dropout=dropout, norm_first=norm_first, epsilon=epsilon, **kwargs)
-        self.num_heads = num_heads
-        self.causal = causal
-        self.sliding_window = sliding_window
-        self.attention_dropout = attention_dropout
-        self.key_dim = key_dim
+        self.store_hyperparameters(locals())
         self.attention = MultiHeadAttention(
             num_heads,
             key_dim=key_dim,
@@ -158,19 +158,6 @@ class AttentionSublayer(ResidualSublayer):
         outputs, extras = self._residual(inputs, attend, training)
         return outputs if not extras else (outputs, *extras)
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "num_heads": self.num_heads,
-                "causal": self.causal,
-                "sliding_window": self.sliding_window,
-                "attention_dropout": self.attention_dropout,
-                "key_dim": self.key_dim,
-            }
-        )
-        return config
-
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class FeedForwardSublayer(ResidualSublayer):
@@ -194,6 +181,8 @@ class FeedForwardSublayer(ResidualSublayer):
     >>> FeedForwardSublayer(d_ff=256)(keras.ops.zeros((2, 10, 64))).shape  # (2, 10, 64)
     """
 
+    hyperparameters = ResidualSublayer.hyperparameters + ("d_ff", "activation", "activation_dropout")
+
     def __init__(
         self,
         d_ff,
@@ -206,9 +195,7 @@ class FeedForwardSublayer(ResidualSublayer):
     ):
         super().__init__(dropout=dropout, norm_first=norm_first, epsilon=epsilon, **kwargs)
         check_positive_int(d_ff=d_ff)
-        self.d_ff = d_ff
-        self.activation = activation
-        self.activation_dropout = activation_dropout
+        self.store_hyperparameters(locals())
 
     def build(self, inputs_shape):
         # d_model is the input's size, known only now.
@@ -228,14 +215,3 @@ class FeedForwardSublayer(ResidualSublayer):
             inputs, lambda x: (self.feed_forward(x, training=training),), training
         )
         return outputs
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "d_ff": self.d_ff,
-                "activation": self.activation,
-                "activation_dropout": self.activation_dropout,
-            }
-        )
-        return config

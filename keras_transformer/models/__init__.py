@@ -1,6 +1,24 @@
-"""Models assembled from `keras_transformer.layers`."""
+"""Models assembled from `keras_transformer.layers`, and the names of their attention maps."""
 
+from keras_transformer.models import attention_maps
+from keras_transformer.models.attention_maps import (
+    attention_map_name,
+    attention_map_names,
+    parse_attention_map_name,
+    queries_and_keys,
+    token_sides,
+)
 from keras_transformer.models.classifier import TransformerClassifier
 from keras_transformer.models.transformer import PRESETS, Transformer
 
-__all__ = ["PRESETS", "Transformer", "TransformerClassifier"]
+__all__ = [
+    "PRESETS",
+    "Transformer",
+    "TransformerClassifier",
+    "attention_map_name",
+    "attention_map_names",
+    "attention_maps",
+    "parse_attention_map_name",
+    "queries_and_keys",
+    "token_sides",
+]

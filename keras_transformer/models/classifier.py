@@ -13,6 +13,7 @@ from keras import ops
 
 from keras_transformer.layers import Encoder
 from keras_transformer.layers.checks import check_positive_int
+from keras_transformer.layers.config import Hyperparameters
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.masks import padding_mask
 
@@ -20,7 +21,7 @@ POOLINGS = ("cls", "mean")
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class TransformerClassifier(keras.Model):
+class TransformerClassifier(Hyperparameters, keras.Model):
     """Sequence classification with a Transformer encoder.
 
     Args:
@@ -37,13 +38,32 @@ class TransformerClassifier(keras.Model):
 
     Returns:
         logits `(batch, num_classes)`, float32. `embed(token_ids)` returns the
-        pooled `(batch, d_model)` embedding the head sees.
+        pooled `(batch, d_model)` embedding, and `head(pooled)` its logits:
+        one encoder pass gives both.
 
     Example:
     >>> model = TransformerClassifier(vocab_size=8000, num_classes=2, num_layers=2,
     ...                               d_model=128, num_heads=4, d_ff=256, max_length=256)
     >>> model(keras.ops.ones((3, 40), "int32")).shape  # (3, 2)
     """
+
+    # The encoder gets those of them it declares (all but num_classes and pooling).
+    hyperparameters = (
+        "vocab_size",
+        "num_classes",
+        "num_layers",
+        "d_model",
+        "num_heads",
+        "d_ff",
+        "max_length",
+        "dropout",
+        "pooling",
+        "norm_first",
+        "position",
+        "epsilon",
+        "activation",
+        "sliding_window",
+    )
 
     def __init__(
         self,
@@ -67,36 +87,8 @@ class TransformerClassifier(keras.Model):
         check_positive_int(num_classes=num_classes)
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
-        self.vocab_size = vocab_size
-        self.num_classes = num_classes
-        self.num_layers = num_layers
-        self.d_model = d_model
-        self.num_heads = num_heads
-        self.d_ff = d_ff
-        self.max_length = max_length
-        self.dropout = dropout
-        self.pooling = pooling
-        self.norm_first = norm_first
-        self.position = position
-        self.epsilon = epsilon
-        self.activation = activation
-        self.sliding_window = sliding_window
-        self.encoder = Encoder(
-            num_layers=num_layers,
-            vocab_size=vocab_size,
-            d_model=d_model,
-            num_heads=num_heads,
-            d_ff=d_ff,
-            max_length=max_length,
-            dropout=dropout,
-            norm_first=norm_first,
-            position=position,
-            epsilon=epsilon,
-            activation=activation,
-            sliding_window=sliding_window,
-            dtype=self.dtype_policy,
-            name="encoder",
-        )
+        self.store_hyperparameters(locals())
+        self.encoder = Encoder(**self.shared_hyperparameters(Encoder), dtype=self.dtype_policy, name="encoder")
         self.head_dropout = Dropout(dropout, dtype=self.dtype_policy)
         self.classifier = keras.layers.Dense(num_classes, dtype=self.dtype_policy, name="classifier")
 
@@ -114,28 +106,9 @@ class TransformerClassifier(keras.Model):
         count = ops.maximum(ops.sum(mask, axis=1), ops.cast(1, states.dtype))
         return total / count
 
-    def call(self, token_ids, training=None):
-        pooled = self.head_dropout(self.embed(token_ids, training=training), training=training)
-        return ops.cast(self.classifier(pooled), "float32")
+    def head(self, pooled, training=None):
+        """Pooled embeddings `(batch, d_model)` -> float32 logits `(batch, num_classes)`."""
+        return ops.cast(self.classifier(self.head_dropout(pooled, training=training)), "float32")
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "vocab_size": self.vocab_size,
-                "num_classes": self.num_classes,
-                "num_layers": self.num_layers,
-                "d_model": self.d_model,
-                "num_heads": self.num_heads,
-                "d_ff": self.d_ff,
-                "max_length": self.max_length,
-                "dropout": self.dropout,
-                "pooling": self.pooling,
-                "norm_first": self.norm_first,
-                "position": self.position,
-                "epsilon": self.epsilon,
-                "activation": self.activation,
-                "sliding_window": self.sliding_window,
-            }
-        )
-        return config
+    def call(self, token_ids, training=None):
+        return self.head(self.embed(token_ids, training=training), training=training)

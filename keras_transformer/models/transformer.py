@@ -14,7 +14,9 @@ import keras
 from keras import ops
 
 from keras_transformer.layers import Decoder, Encoder
+from keras_transformer.layers.config import Hyperparameters
 from keras_transformer.layers.masks import padding_mask
+from keras_transformer.models.attention_maps import DECODER_STACK, ENCODER_STACK, stack_attention_maps
 
 PRESETS = {
     # Table 3 of the paper, "base" and "big" rows.
@@ -42,7 +44,7 @@ def _split_inputs(inputs):
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Transformer(keras.Model):
+class Transformer(Hyperparameters, keras.Model):
     """The encoder-decoder Transformer of "Attention Is All You Need".
 
     Args:
@@ -77,6 +79,12 @@ class Transformer(keras.Model):
     >>> model((source, target)).shape  # (2, 10, 8000)
     """
 
+    # The model's own, then every one of its stacks' except the vocabulary
+    # size, which is per side here; the two stacks get all of those.
+    hyperparameters = ("src_vocab_size", "tgt_vocab_size", "share_embeddings", "tie_output") + tuple(
+        name for name in Encoder.hyperparameters if name != "vocab_size"
+    )
+
     def __init__(
         self,
         src_vocab_size,
@@ -104,45 +112,14 @@ class Transformer(keras.Model):
                 "share_embeddings needs one vocabulary: src_vocab_size="
                 f"{src_vocab_size} differs from tgt_vocab_size={tgt_vocab_size}"
             )
-        self.src_vocab_size = src_vocab_size
-        self.tgt_vocab_size = tgt_vocab_size
-        self.num_layers = num_layers
-        self.d_model = d_model
-        self.num_heads = num_heads
-        self.d_ff = d_ff
-        self.dropout = dropout
-        self.max_length = max_length
-        self.share_embeddings = share_embeddings
-        self.tie_output = tie_output
-        self.norm_first = norm_first
-        self.position = position
-        self.epsilon = epsilon
-        self.activation = activation
-        self.attention_dropout = attention_dropout
-        self.activation_dropout = activation_dropout
-        self.sliding_window = sliding_window
+        self.store_hyperparameters(locals())
 
-        stack = dict(
-            num_layers=num_layers,
-            d_model=d_model,
-            num_heads=num_heads,
-            d_ff=d_ff,
-            max_length=max_length,
-            dropout=dropout,
-            norm_first=norm_first,
-            epsilon=epsilon,
-            position=position,
-            activation=activation,
-            attention_dropout=attention_dropout,
-            activation_dropout=activation_dropout,
-            sliding_window=sliding_window,
-            dtype=self.dtype_policy,
-        )
-        self.encoder = Encoder(vocab_size=src_vocab_size, name="encoder", **stack)
+        stack = dict(self.shared_hyperparameters(Encoder), dtype=self.dtype_policy)
+        self.encoder = Encoder(vocab_size=src_vocab_size, name=ENCODER_STACK, **stack)
         self.decoder = Decoder(
             vocab_size=tgt_vocab_size,
             embedding=self.encoder.embedding if share_embeddings else None,
-            name="decoder",
+            name=DECODER_STACK,
             **stack,
         )
         if not tie_output:
@@ -248,31 +225,6 @@ class Transformer(keras.Model):
         if not return_attention_scores:
             return decoded
         logits, decoder_scores = decoded
-        scores = {f"encoder/{name}": value for name, value in encoder_scores.items()}
-        scores.update({f"decoder/{name}": value for name, value in decoder_scores.items()})
+        scores = stack_attention_maps(ENCODER_STACK, encoder_scores)
+        scores.update(stack_attention_maps(DECODER_STACK, decoder_scores))
         return logits, scores
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "src_vocab_size": self.src_vocab_size,
-                "tgt_vocab_size": self.tgt_vocab_size,
-                "num_layers": self.num_layers,
-                "d_model": self.d_model,
-                "num_heads": self.num_heads,
-                "d_ff": self.d_ff,
-                "dropout": self.dropout,
-                "max_length": self.max_length,
-                "share_embeddings": self.share_embeddings,
-                "tie_output": self.tie_output,
-                "norm_first": self.norm_first,
-                "position": self.position,
-                "epsilon": self.epsilon,
-                "activation": self.activation,
-                "attention_dropout": self.attention_dropout,
-                "activation_dropout": self.activation_dropout,
-                "sliding_window": self.sliding_window,
-            }
-        )
-        return config

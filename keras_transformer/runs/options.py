@@ -114,13 +114,16 @@ DEMO = {
     "tokenizer": {"vocab_size": 1000},
     "model": {"preset": None, "num_layers": 2, "d_model": 128, "num_heads": 4, "d_ff": 512, "dropout": 0.1},
     "training": {
-        "epochs": 4,
+        "epochs": 5,
         "max_length": 40,
         "tokens_per_batch": 3072,
         "warmup_steps": 300,
+        # Half the schedule's peak: at full height the last epochs jump
+        # around (validation accuracy 0.986, 0.972, 0.974 in epochs 4-6) and
+        # beam search gets 95.7 BLEU; at half it climbs to 98.2 in 5 epochs.
+        "learning_rate_scale": 0.5,
         "precision": "mixed_bfloat16",
     },
-    "evaluation": {"beam_size": 1},
 }
 
 

@@ -24,7 +24,6 @@ import logging
 import os
 import shutil
 import time
-import warnings
 
 import h5py
 import keras
@@ -316,11 +315,7 @@ def fit(model, run_dir, state, train_dataset, fit_arguments, callbacks):
     """
     _keep_history_of_done_epochs(run_dir, state.epochs_done)
     started = time.time()
-    with warnings.catch_warnings():
-        # A dataset of unknown length ends its first epoch by running out of
-        # data, as it should.
-        warnings.filterwarnings("ignore", message="Your input ran out of data")
-        history = model.fit(train_dataset, shuffle=False, callbacks=callbacks, **fit_arguments)  # the pipeline shuffles
+    history = model.fit(train_dataset, shuffle=False, callbacks=callbacks, **fit_arguments)  # the pipeline shuffles
     seconds = time.time() - started
     epochs_run = len(history.epoch)
     stopped_early = any(

@@ -246,30 +246,24 @@ def export(run_dir, export_base, version=None, beam_size=None, length_alpha=None
     return export_translator(translator, export_base, version=version)
 
 
-ATTENTION_KINDS = {
-    "cross": ("decoder/layer_{}/cross_attention", "target_tokens", "source_tokens"),
-    "decoder_self": ("decoder/layer_{}/self_attention", "target_tokens", "target_tokens"),
-    "encoder": ("encoder/layer_{}/self_attention", "source_tokens", "source_tokens"),
-}
-
-
 def plot_attention(run_dir, sentence, path, kind="cross", layer=None, beam_size=None, heads=None):
     """Translate `sentence` and save one layer's attention heatmaps as `path` (PNG); returns the translation."""
     from keras_transformer.visualization import plot_attention as plot
 
-    if kind not in ATTENTION_KINDS:
-        raise ValueError(f"kind must be one of {sorted(ATTENTION_KINDS)}, got {kind!r}")
+    kinds = models.attention_maps.KINDS
+    if kind not in kinds:
+        raise ValueError(f"kind must be one of {', '.join(kinds)}, got {kind!r}")
     translator = load_translator(run_dir, beam_size=beam_size)
     num_layers = translator.model.num_layers
     layer = num_layers - 1 if layer is None else layer
     if not 0 <= layer < num_layers:
         raise ValueError(f"layer must be between 0 and {num_layers - 1}, got {layer}")
     (result,) = translator.attention_maps([sentence])
-    name, queries, keys = ATTENTION_KINDS[kind]
+    query_tokens, key_tokens = models.queries_and_keys(kind, result["source_tokens"], result["target_tokens"])
     figure = plot(
-        result["attention"][name.format(layer)],
-        result[queries],
-        result[keys],
+        result["attention"][models.attention_map_name(kind, layer)],
+        query_tokens,
+        key_tokens,
         heads=heads,
         title=f"{kind} attention, layer {layer}: {sentence} -> {result['translation']}",
     )

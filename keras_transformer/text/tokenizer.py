@@ -176,7 +176,8 @@ class WordPieceTokenizer(tf.Module):
         """
         pieces = self.tokenize(strings, add_start_end=False)[:, : max_length - 1]
         cls_column = tf.fill([pieces.nrows(), 1], self.vocab.index(CLS))
-        return tf.concat([cls_column, pieces], axis=1).to_tensor()
+        # Padded before the [CLS] column joins: an empty batch keeps its one column.
+        return tf.concat([cls_column, pieces.to_tensor()], axis=1)
 
     def _content_ids(self, ids):
         """Drop padding and the start/end markers: what remains is text."""

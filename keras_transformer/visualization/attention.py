@@ -8,7 +8,12 @@ between target and source words that the paper's Figures 3-5 illustrate.
 
 Works on anything shaped like attention: the arrays of
 `Transformer(..., return_attention_scores=True)`, `Translator.attention_maps`,
-or the `cross_attention` output of an exported SavedModel.
+or the `cross_attention` output of an exported SavedModel. The maps' names,
+and which tokens label their rows and columns, are in
+`keras_transformer.models.attention_maps`:
+
+    queries, keys = queries_and_keys(kind, result["source_tokens"], result["target_tokens"])
+    plot_attention(result["attention"][attention_map_name(kind, layer)], queries, keys)
 """
 
 import io

@@ -1,0 +1,182 @@
+"""The Transformer's side of decoding: the step function the searches drive.
+
+`search.py` decodes any model that can say, from the newest token and a
+cache, how likely every next token is. This module says it for the
+encoder-decoder `Transformer`, and is the only place in decoding that uses
+the Transformer's API:
+
+1. encode the source once (`model.encode`);
+2. project the encoder output to every layer's cross-attention keys and
+   values once (`model.build_cache`): the same for every step, and for
+   every beam of a sentence, they stay in the step function;
+3. each step runs the decoder on the newest token alone, reading the
+   earlier positions' keys and values from the self-attention cache and
+   writing the new position's in place at the step's index
+   (`model.decode(..., cache=..., cache_index=index)`).
+
+`transformer_search` puts the pieces together: the per-sentence output
+limits, the step function, and greedy or beam search.
+"""
+
+import tensorflow as tf
+
+from keras_transformer.inference.search import beam_search, greedy_search, higher_scoring, length_penalty, num_steps
+from keras_transformer.layers.masks import padding_mask
+
+
+def output_length_cap(model, max_output_length=None):
+    """The longest output allowed: `max_output_length`, at most the model's `max_length`."""
+    if max_output_length is None:
+        return model.max_length
+    if not 1 <= max_output_length <= model.max_length:
+        raise ValueError(
+            f"max_output_length must be between 1 and the model's max_length ({model.max_length}), "
+            f"got {max_output_length}"
+        )
+    return max_output_length
+
+
+def output_limits(model, source_ids, max_extra_length=50, max_output_length=None):
+    """`(batch,)` int32: each sentence's longest output, `min(source length + max_extra_length, cap)`."""
+    source_lengths = tf.reduce_sum(tf.cast(padding_mask(source_ids), tf.int32), axis=1)
+    return tf.minimum(source_lengths + max_extra_length, output_length_cap(model, max_output_length))
+
+
+def transformer_step(model, source_ids, max_length, beams=1, use_cache=True):
+    """Encode `source_ids` once; return the searches' step function and its initial cache.
+
+    Args:
+        model: a `keras_transformer.models.Transformer`.
+        source_ids: `(batch, source_length)` int32, 0 = padding.
+        max_length: how many output positions the cache has room for
+            (`search.num_steps` of the searches' `max_lengths`).
+        beams: copies of every sentence: the step function and the cache
+            serve `batch * beams` rows, a sentence's copies next to each
+            other, as `beam_search` with `beam_size=beams` expects.
+        use_cache: decode on the key/value cache; else every step re-runs
+            the decoder on the whole prefix (the plain reference the cached
+            path is tested and benchmarked against).
+
+    Returns:
+        `(step_fn, cache)`. `step_fn(tokens, cache, index) -> (logits,
+        cache)`: `tokens` `(rows,)` are the tokens at output position
+        `index` ([START] at 0), `logits` `(rows, target_vocab)` float32 those
+        of the next token. With `use_cache` the cache is one self-attention
+        cache per decoder layer, `(2, rows, heads, max_length, head_dim)`:
+        rows on axis 1 (keys and values are stacked on axis 0). Without, it is
+        the decoder's inputs so far, `(rows, max_length)`: rows on axis 0.
+        `cache_batch_axis(use_cache)` says which.
+
+    Example:
+    >>> max_lengths = output_limits(model, source_ids)
+    >>> step_fn, cache = transformer_step(model, source_ids, num_steps(max_lengths))
+    >>> greedy_search(step_fn, cache, start_id, end_id, max_lengths, cache_batch_axis=cache_batch_axis())
+    """
+    source_ids = tf.convert_to_tensor(source_ids, tf.int32)
+    memory = model.encode(source_ids)
+    source_mask = padding_mask(source_ids)
+    caches = model.build_cache(memory, max_length) if use_cache else None
+    # Encoded once; every beam of a sentence then gets its own copy of the context.
+    repeat = lambda value, axis=0: tf.repeat(value, beams, axis=axis) if beams > 1 else value  # noqa: E731
+    source_mask = repeat(source_mask)
+
+    if not use_cache:
+        memory = repeat(memory)
+
+        def recomputing_step(tokens, prefix, index):
+            prefix = _write_column(prefix, index, tokens)
+            logits = model.decode(prefix[:, : index + 1], memory, encoder_padding_mask=source_mask)
+            return logits[:, -1], prefix
+
+        return recomputing_step, tf.zeros([tf.shape(memory)[0], max_length], tf.int32)
+
+    # Caches hold keys and values on axis 0, the rows on axis 1. The source's
+    # keys and values are the same at every step and for every beam of a
+    # sentence: the step function holds them, and the cache the searches
+    # carry (and beam search reorders) is the self-attention caches alone.
+    source_keys_values = [repeat(layer["cross_attention"], axis=1) for layer in caches]
+    own_keys_values = [repeat(layer["self_attention"], axis=1) for layer in caches]
+
+    def cached_step(tokens, cache, index):
+        layers = [{"self_attention": own, "cross_attention": source} for own, source in zip(cache, source_keys_values)]
+        logits, layers = model.decode(tokens[:, None], encoder_padding_mask=source_mask, cache=layers, cache_index=index)
+        return logits[:, 0], [layer["self_attention"] for layer in layers]
+
+    return cached_step, own_keys_values
+
+
+def cache_batch_axis(use_cache=True):
+    """The rows' axis in the cache of `transformer_step(..., use_cache=use_cache)`."""
+    return 1 if use_cache else 0
+
+
+def _write_column(buffer, column, values):
+    """buffer[:, column] = values, with core ops only."""
+    return tf.where(tf.range(tf.shape(buffer)[1]) == column, values[:, None], buffer)
+
+
+def transformer_search(
+    model,
+    source_ids,
+    start_id,
+    end_id,
+    beam_size=1,
+    length_alpha=0.6,
+    max_extra_length=50,
+    max_output_length=None,
+    use_cache=True,
+    keep_greedy=True,
+):
+    """Translate source ids with a `Transformer`: greedy search for `beam_size=1`, else beam search.
+
+    Args:
+        model: a `keras_transformer.models.Transformer`.
+        source_ids: `(batch, source_length)` int32, 0 = padding.
+        start_id, end_id: the target vocabulary's [START] and [END] ids.
+        beam_size: 1 for greedy search, else beam search with this many beams.
+        length_alpha: the length penalty's alpha (0.6 in the paper).
+        max_extra_length: a sentence may be this much longer than its source.
+        max_output_length: no output is longer than this (default: the
+            model's `max_length`).
+        use_cache: decode on the key/value cache (else recompute the prefix).
+        keep_greedy: with beam search, also follow the greedy path (about
+            1/beam_size more decoding) and keep it where it scores better,
+            so that beam search never returns a worse score than greedy.
+
+    Returns:
+        `(tokens (batch, steps) int32, scores (batch,) float32)`, as the searches.
+
+    Example:
+    >>> tokens, scores = transformer_search(model, source_ids, start_id=2, end_id=3, beam_size=4)
+    """
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+    source_ids = tf.convert_to_tensor(source_ids, tf.int32)
+    max_lengths = output_limits(model, source_ids, max_extra_length, max_output_length)
+    steps = num_steps(max_lengths)
+    search = dict(start_id=start_id, end_id=end_id, max_lengths=max_lengths, length_alpha=length_alpha,
+                  cache_batch_axis=cache_batch_axis(use_cache))
+    if beam_size > 1:
+        step_fn, cache = transformer_step(model, source_ids, steps, beams=beam_size, use_cache=use_cache)
+        found = beam_search(step_fn, cache, beam_size=beam_size, **search)
+        if not keep_greedy:
+            return found
+    step_fn, cache = transformer_step(model, source_ids, steps, use_cache=use_cache)
+    greedy = greedy_search(step_fn, cache, **search)
+    return greedy if beam_size == 1 else higher_scoring(found, greedy)
+
+
+def score_sequences(model, source_ids, target_ids, start_id, length_alpha=0.6):
+    """Length-normalised log-probability of given outputs (tokens as the searches return them).
+
+    Teacher-forced, independent of either search: for checking them.
+    """
+    source_ids = tf.convert_to_tensor(source_ids, tf.int32)
+    target_ids = tf.convert_to_tensor(target_ids, tf.int32)
+    batch = tf.shape(target_ids)[0]
+    inputs = tf.concat([tf.fill([batch, 1], tf.cast(start_id, tf.int32)), target_ids[:, :-1]], axis=1)
+    log_probs = tf.nn.log_softmax(model((source_ids, inputs)))
+    token_log_probs = tf.gather(log_probs, target_ids, batch_dims=2)
+    real = tf.cast(target_ids != 0, tf.float32)
+    lengths = tf.reduce_sum(tf.cast(target_ids != 0, tf.int32), axis=1)
+    return tf.reduce_sum(token_log_probs * real, axis=1) / length_penalty(lengths, length_alpha)
