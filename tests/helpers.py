@@ -28,3 +28,23 @@ def check_run_directory(run):
     assert (run / "vocab" / "source" / "vocab.txt").is_file() and (run / "vocab" / "target" / "vocab.txt").is_file()
     assert list((run / "logs").rglob("events.out.tfevents.*")), "TensorBoard event files"
     assert (run / "checkpoints" / "best.weights.h5").is_file()
+
+
+# Python source for the fresh-process scripts that load an export: sets
+# `op_types`, the ops of the SavedModel in `export_dir`, and `unregistered`,
+# those that TensorFlow and tensorflow-text do not register (a server with
+# only them could not run the export).
+EXPORT_OPS = r"""
+from tensorflow.core.protobuf import saved_model_pb2
+from tensorflow.python.framework import op_def_registry
+
+saved_model = saved_model_pb2.SavedModel()
+with open(f"{export_dir}/saved_model.pb", "rb") as file:
+    saved_model.ParseFromString(file.read())
+graph = saved_model.meta_graphs[0].graph_def
+functions = {function.signature.name for function in graph.library.function}
+op_types = {node.op for node in graph.node}
+for function in graph.library.function:
+    op_types.update(node.op for node in function.node_def)
+unregistered = sorted(op for op in op_types if op not in functions and op_def_registry.get(op) is None)
+"""

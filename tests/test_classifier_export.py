@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import run
+from helpers import EXPORT_OPS, run
 from keras_transformer.data import make_classification_batches
 from keras_transformer.export import export_classifier, load_export
 from keras_transformer.models import TransformerClassifier
@@ -53,19 +53,9 @@ import base64, json, sys
 import numpy as np
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  registers the WordPiece ops, as tensorflow_model_server does
-from tensorflow.core.protobuf import saved_model_pb2
-from tensorflow.python.framework import op_def_registry
 
 export_dir, texts_json, out_path = sys.argv[1:4]
-saved_model = saved_model_pb2.SavedModel()
-with open(f"{export_dir}/saved_model.pb", "rb") as file:
-    saved_model.ParseFromString(file.read())
-graph = saved_model.meta_graphs[0].graph_def
-functions = {function.signature.name for function in graph.library.function}
-op_types = {node.op for node in graph.node}
-for function in graph.library.function:
-    op_types.update(node.op for node in function.node_def)
-unregistered = sorted(op for op in op_types if op not in functions and op_def_registry.get(op) is None)
+""" + EXPORT_OPS + r"""
 
 texts = tf.constant([base64.b64decode(text) for text in json.loads(texts_json)], tf.string)
 serve = tf.saved_model.load(export_dir).signatures["serving_default"]

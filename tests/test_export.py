@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import check_run_directory, cli, run
+from helpers import EXPORT_OPS, check_run_directory, cli, run
 from keras_transformer.runs import translation
 from keras_transformer.export import export_translator, resolve_export
 
@@ -41,21 +41,11 @@ import base64, json, sys
 import numpy as np
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  registers the WordPiece ops, as tensorflow_model_server does
-from tensorflow.core.protobuf import saved_model_pb2
-from tensorflow.python.framework import op_def_registry
 
 export_dir, keras_export_dir, sentences_json, out_path = sys.argv[1:5]
 texts = tf.constant([base64.b64decode(text) for text in json.loads(sentences_json)], tf.string)
 
-saved_model = saved_model_pb2.SavedModel()
-with open(f"{export_dir}/saved_model.pb", "rb") as file:
-    saved_model.ParseFromString(file.read())
-graph = saved_model.meta_graphs[0].graph_def
-functions = {function.signature.name for function in graph.library.function}
-op_types = {node.op for node in graph.node}
-for function in graph.library.function:
-    op_types.update(node.op for node in function.node_def)
-unregistered = sorted(op for op in op_types if op not in functions and op_def_registry.get(op) is None)
+""" + EXPORT_OPS + r"""
 
 loaded = tf.saved_model.load(export_dir)
 served = loaded.signatures["serving_default"](text=texts)

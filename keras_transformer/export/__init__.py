@@ -1,14 +1,8 @@
 """Export a trained translator or text classifier as a SavedModel that TensorFlow Serving runs."""
 
 from keras_transformer.export.classifier import export_classifier
-from keras_transformer.export.saved_model import (
-    SIGNATURES,
-    TranslationService,
-    export_translator,
-    load_export,
-    resolve_export,
-    version_path,
-)
+from keras_transformer.export.translator import SIGNATURES, TranslationService, export_translator
+from keras_transformer.export.versions import load_export, resolve_export, version_path
 
 __all__ = [
     "SIGNATURES",

@@ -9,10 +9,8 @@ are one graph of TensorFlow and tensorflow-text ops, so the stock
          -> linear head -> logits -> softmax -> probabilities -> argmax -> label
 
 The export is written the way `export_translator` writes one: version
-`EXPORT_BASE/<version>/` (TensorFlow Serving's layout; the next free number
-by default), built under a hidden name and renamed into place when complete,
-never over an existing version. `assets.extra/classifier.json` records the
-label names, `max_length` and the model's sizes.
+`EXPORT_BASE/<version>/` (see `versions`); `assets.extra/classifier.json`
+records the label names, `max_length` and the model's sizes.
 
 Signature `serving_default` (see `CLASSIFIER_SIGNATURES`):
 `text` (string `[batch]`) -> `label` (string `[batch]`, the class name),
@@ -21,23 +19,17 @@ the softmax of the logits) and `embedding` (float32 `[batch, d_model]`, the
 pooled sentence embedding the head sees).
 
 `text` is checked in the graph exactly as the translator's is (see
-`keras_transformer.export.saved_model`): TensorFlow Serving checks no shapes,
-and tensorflow-text's tokenizer crashes the server on a scalar or a matrix of
-strings, so anything but a string vector is refused with an `InvalidArgument`
-error naming `text`. Within that shape every request gets a prediction: an
+`requests`): anything but a string vector is refused with an
+`InvalidArgument` error naming `text`. Within that shape every request gets a prediction: an
 empty string is classified from [CLS] alone, a text longer than `max_length`
 pieces is cut as in training, bytes that are not UTF-8 are replaced by
 U+FFFD, and an empty batch gives empty outputs.
 """
 
-import json
-import os
-import shutil
-import tempfile
-
 import tensorflow as tf
 
-from keras_transformer.export.saved_model import _TEXT, _checked_sentences, version_path
+from keras_transformer.export.requests import TEXT, checked_sentences
+from keras_transformer.export.versions import version_path, write_version
 from keras_transformer.text import CLS
 
 CLASSIFIER_SIGNATURES = {"serving_default": ("text",)}
@@ -66,9 +58,9 @@ class ClassificationService:
         self.max_length = max_length
         self.labels = list(labels)
 
-    @tf.function(input_signature=[_TEXT])
+    @tf.function(input_signature=[TEXT])
     def serve(self, text):
-        ids = self.tokenizer.tokenize_with_cls(_checked_sentences(text), self.max_length)
+        ids = self.tokenizer.tokenize_with_cls(checked_sentences(text), self.max_length)
         # One encoder pass gives both the embedding and the logits.
         pooled = self.model.embed(ids, training=False)
         logits = self.model.head(pooled, training=False)
@@ -120,21 +112,10 @@ def export_classifier(model, tokenizer, max_length, export_base, labels=None, ve
     >>> export_classifier(model, tokenizer, 64, "exports/sentiment", labels=["negative", "positive"])
     'exports/sentiment/1'
     """
-    path = version_path(export_base, version)
+    version_path(export_base, version)  # a taken version is refused before anything is traced
     labels = _checked_arguments(model, tokenizer, max_length, labels)
-    os.makedirs(export_base, exist_ok=True)
-    # Serving ignores names that are not numbers: build there, then rename.
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}-incomplete-", dir=export_base)
-    try:
-        service = ClassificationService(model, tokenizer, max_length, labels)
-        tf.saved_model.save(service.saveable(), staging, signatures=service.signatures())
-        _write_settings(staging, service)
-        os.chmod(staging, 0o755)  # mkdtemp's 0700 would hide it from a server running as another user
-        os.rename(staging, path)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return path
+    service = ClassificationService(model, tokenizer, max_length, labels)
+    return write_version(export_base, version, service, "classifier.json", _settings(service))
 
 
 def _checked_arguments(model, tokenizer, max_length, labels):
@@ -157,12 +138,10 @@ def _checked_arguments(model, tokenizer, max_length, labels):
     return labels
 
 
-def _write_settings(directory, service):
-    # assets.extra travels with the version but is not part of the graph.
-    extra = os.path.join(directory, "assets.extra")
-    os.makedirs(extra, exist_ok=True)
+def _settings(service):
+    """What `assets.extra/classifier.json` records: the label names, `max_length` and the model's sizes."""
     model = service.model
-    settings = {
+    return {
         "labels": service.labels,
         "max_length": service.max_length,
         "vocab_size": model.vocab_size,
@@ -175,5 +154,3 @@ def _write_settings(directory, service):
         "signatures": {name: list(inputs) for name, inputs in CLASSIFIER_SIGNATURES.items()},
         "outputs": list(OUTPUTS),
     }
-    with open(os.path.join(extra, "classifier.json"), "w", encoding="utf-8") as file:
-        json.dump(settings, file, indent=2)

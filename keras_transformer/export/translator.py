@@ -1,0 +1,184 @@
+"""The whole translator as one SavedModel: raw strings in, translations out.
+
+Tutorials usually export a model that needs Python around it (a tokenizer
+in the client, a decoding loop in a script). Here the tokenizer, the cached
+beam search and the detokenizer are all in the graph, built from TensorFlow
+and tensorflow-text ops only, so the stock `tensorflow_model_server` (which
+links tensorflow-text's ops) serves it as it is. It is written as version
+`EXPORT_BASE/<version>/` (see `versions`).
+
+Signatures (see `SIGNATURES`):
+- `serving_default`: `text` (string `[batch]`) -> `translation` (string
+  `[batch]`), `score` (float32 `[batch]`, the length-normalised log-probability).
+- `translate_with_attention`: the same plus `source_tokens`, `target_tokens`
+  (string `[batch, None]`, padded with "") and `cross_attention` (float32
+  `[batch, layers, heads, target_tokens, source_tokens]`).
+- `score_tokens`: `source_ids`, `target_ids` (int32 `[batch, None]`, 0 =
+  padding, targets starting with [START]) -> `logits` (float32
+  `[batch, target_len, target_vocab]`), for clients that tokenize themselves.
+
+Inputs are checked in the graph before any other kernel sees them (see
+`requests`): anything of another rank is refused with an `InvalidArgument`
+error naming the input. Within those shapes: an empty string translates to
+"", a source longer than the model's `max_length` is truncated to it, an
+empty batch gives empty outputs, bytes that are not UTF-8 are replaced by
+U+FFFD.
+"""
+
+import re
+
+import tensorflow as tf
+
+from keras_transformer.export.requests import (
+    SOURCE_IDS,
+    TARGET_IDS,
+    TEXT,
+    check_ids,
+    checked_id_batches,
+    checked_sentences,
+)
+from keras_transformer.export.versions import version_path, write_version
+
+SIGNATURES = {
+    "serving_default": ("text",),
+    "translate_with_attention": ("text",),
+    "score_tokens": ("source_ids", "target_ids"),
+}
+
+class TranslationService:
+    """The signatures of an export, around a `keras_transformer.inference.Translator`.
+
+    Args:
+        translator: the `Translator` whose settings (beam size, length
+            penalty, output limits) the export keeps.
+
+    Example:
+    >>> service = TranslationService(translator)
+    >>> service.serve(tf.constant(["Ein Mann fährt Fahrrad."]))["translation"]
+    """
+
+    def __init__(self, translator):
+        self.translator = translator
+        model = translator.model
+        self._logits = tf.function(lambda source_ids, target_ids: model((source_ids, target_ids), training=False))
+        # What the signatures capture is named after the weights' paths (see `_call_naming_captures`).
+        self._capture_names = {id(variable.value.handle): _identifier(variable.path) for variable in model.variables}
+
+    @tf.function(input_signature=[TEXT])
+    def serve(self, text):
+        outputs = _call_naming_captures(self.translator.__call__, self._capture_names, checked_sentences(text))
+        return {"translation": outputs["translation"], "score": outputs["score"]}
+
+    @tf.function(input_signature=[TEXT])
+    def translate_with_attention(self, text):
+        outputs = _call_naming_captures(
+            self.translator.translate_with_attention, self._capture_names, checked_sentences(text)
+        )
+        names = ("translation", "score", "source_tokens", "target_tokens", "cross_attention")
+        return {name: outputs[name] for name in names}
+
+    @tf.function(input_signature=[SOURCE_IDS, TARGET_IDS])
+    def score_tokens(self, source_ids, target_ids):
+        model = self.translator.model
+        source_ids, target_ids = checked_id_batches(source_ids, target_ids)
+        checks = [
+            check_ids(source_ids, model.src_vocab_size, "source_ids"),
+            check_ids(target_ids, model.tgt_vocab_size, "target_ids"),
+            tf.debugging.assert_less_equal(
+                tf.shape(target_ids)[1], model.max_length,
+                message=f"target_ids are longer than the model's max_length ({model.max_length})",
+            ),
+            tf.debugging.assert_less_equal(
+                tf.shape(source_ids)[1], model.max_length,
+                message=f"source_ids are longer than the model's max_length ({model.max_length})",
+            ),
+        ]
+        with tf.control_dependencies(checks):
+            logits = _call_naming_captures(self._logits, self._capture_names, source_ids, target_ids)
+        return {"logits": tf.cast(logits, tf.float32)}
+
+    def signatures(self):
+        return {
+            "serving_default": self.serve.get_concrete_function(),
+            "translate_with_attention": self.translate_with_attention.get_concrete_function(),
+            "score_tokens": self.score_tokens.get_concrete_function(),
+        }
+
+    def saveable(self):
+        """The object to hand to `tf.saved_model.save`: the functions and the model's variables.
+
+        The functions read the `tf.Variable`s inside the Keras variables, so
+        those are what must be saved. Saving the Keras wrappers instead makes
+        the export save a copy of each variable under another name, and a
+        session-based loader (`saved_model_cli run`, TensorFlow Serving)
+        restores the copies while the functions read the uninitialised
+        originals.
+        """
+        root = tf.Module(name="translation_service")
+        root.model_variables = [variable.value for variable in self.translator.model.variables]
+        root.serve = self.serve
+        root.translate_with_attention = self.translate_with_attention
+        root.score_tokens = self.score_tokens
+        return root
+
+
+def _call_naming_captures(function, names, *args):
+    """`function(*args)` (a `tf.function`) from the function being traced, after naming what it reads.
+
+    A traced function takes what it reads from outside (the model's weights,
+    the tokenizers' WordPiece models) as extra, captured inputs. Saving a
+    signature renames each captured input whose name is not already its
+    argument name in the graph (a lowercase identifier at the top of the
+    graph), and logs every one it renamed. Left alone, the inputs `function`
+    captured come in under running numbers ("4935, 4937, ...": two screens
+    of log for this model), and a weight read inside a layer as "resource"
+    in the layer's name scope. Captured here first, at the top of the graph,
+    under the weights' paths (`names`, by the tensor's `id`) or
+    "captured_<n>", they are saved under those names, and the call below
+    reuses these captures.
+    """
+    concrete = function.get_concrete_function(*args)
+    graph = tf.compat.v1.get_default_graph()  # the FuncGraph of the function being traced
+    for tensor in concrete.captured_inputs:
+        graph.capture(tensor, name=names.get(id(tensor)) or f"captured_{len(graph.inputs)}")
+    return concrete(*args)
+
+
+def _identifier(path):
+    """`path` as a SavedModel keeps an input name: lowercase letters, digits and "_", a letter first."""
+    name = re.sub(r"[^a-z0-9_]", "_", path.lower())
+    return name if name[:1].isalpha() else f"v_{name}"
+
+
+def export_translator(translator, export_base, version=None):
+    """Write `translator` as SavedModel version `version` under `export_base`.
+
+    Args:
+        translator: a `keras_transformer.inference.Translator`.
+        export_base: the directory TensorFlow Serving watches.
+        version: a positive integer; default one more than the highest
+            version already there (1 for a new directory). An existing
+            version is never overwritten.
+
+    Returns:
+        The path of the new version directory.
+    """
+    version_path(export_base, version)  # a taken version is refused before anything is traced
+    return write_version(export_base, version, TranslationService(translator), "translator.json", _settings(translator))
+
+
+def _settings(translator):
+    """What `assets.extra/translator.json` records: the decoding settings and the model's sizes."""
+    model = translator.model
+    return {
+        "beam_size": translator.beam_size,
+        "length_alpha": translator.length_alpha,
+        "max_extra_length": translator.max_extra_length,
+        "max_output_length": translator.max_output_length,
+        "max_source_length": model.max_length,
+        "source_vocab_size": model.src_vocab_size,
+        "target_vocab_size": model.tgt_vocab_size,
+        "num_layers": model.num_layers,
+        "num_heads": model.num_heads,
+        "signatures": {name: list(inputs) for name, inputs in SIGNATURES.items()},
+    }
