@@ -4,7 +4,6 @@
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 DEMO_RUN ?= runs/demo
 DEMO_EXPORT ?= exports/demo

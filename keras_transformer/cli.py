@@ -352,6 +352,9 @@ def _start_tensorflow_quietly():
         for line in captured.read().decode("utf-8", errors="replace").splitlines():
             if not _START_UP_NOISE.match(line):
                 print(line, file=sys.stderr)
+    # TensorFlow's Python side logs at INFO what a user did not ask about
+    # ("Assets written to: ..." when saving); warnings still show.
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)
 
 
 def main(argv=None):
