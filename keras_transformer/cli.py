@@ -167,7 +167,7 @@ def _train(arguments):
     training = translation.train(
         _config_from_arguments(arguments, options.TRANSLATION), arguments.out, overwrite=arguments.overwrite
     )
-    if _finished(training, arguments.out):
+    if _finished(training, arguments.out) or not _reports():
         return
     print(
         f"\ntrained {training['epochs_this_session']} epoch(s) in {training['seconds_this_session']:.0f}s "
@@ -186,7 +186,7 @@ def _train_classifier(arguments):
     metrics = classification.train(
         _config_from_arguments(arguments, options.CLASSIFICATION), arguments.out, overwrite=arguments.overwrite
     )
-    if _finished(metrics["training"], arguments.out):
+    if _finished(metrics["training"], arguments.out) or not _reports():
         return
     print(
         f"\nvalidation accuracy {metrics['val']['accuracy']:.4f} on {metrics['val']['examples']} examples; "
@@ -195,6 +195,16 @@ def _train_classifier(arguments):
     print(f"run directory: {arguments.out}")
     print(f"try it:        keras-transformer classify {arguments.out} \"...\"")
     print(f"TensorBoard:   tensorboard --logdir {arguments.out}/logs   (Projector: the [CLS] embeddings)")
+
+
+def _reports():
+    """Whether this process reports a training run: yes, but on a cluster's workers other than the chief."""
+    from keras_transformer.training import is_chief
+
+    if is_chief():
+        return True
+    print("\ntraining done; the chief worker wrote the run directory and reports it")
+    return False
 
 
 def _report_translation(scores, samples):

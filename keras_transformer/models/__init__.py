@@ -9,9 +9,11 @@ from keras_transformer.models.attention_maps import (
     token_sides,
 )
 from keras_transformer.models.classifier import TransformerClassifier
+from keras_transformer.models.multi_worker import MultiWorkerFit
 from keras_transformer.models.transformer import PRESETS, Transformer
 
 __all__ = [
+    "MultiWorkerFit",
     "PRESETS",
     "Transformer",
     "TransformerClassifier",

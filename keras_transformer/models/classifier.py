@@ -16,12 +16,13 @@ from keras_transformer.layers.checks import check_positive_int
 from keras_transformer.layers.config import Hyperparameters
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.masks import padding_mask
+from keras_transformer.models.multi_worker import MultiWorkerFit
 
 POOLINGS = ("cls", "mean")
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class TransformerClassifier(Hyperparameters, keras.Model):
+class TransformerClassifier(MultiWorkerFit, Hyperparameters, keras.Model):
     """Sequence classification with a Transformer encoder.
 
     Args:

@@ -16,6 +16,7 @@ from keras import ops
 from keras_transformer.layers import Decoder, Encoder
 from keras_transformer.layers.config import Hyperparameters
 from keras_transformer.layers.masks import padding_mask
+from keras_transformer.models.multi_worker import MultiWorkerFit
 from keras_transformer.models.attention_maps import DECODER_STACK, ENCODER_STACK, stack_attention_maps
 
 PRESETS = {
@@ -44,7 +45,7 @@ def _split_inputs(inputs):
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Transformer(Hyperparameters, keras.Model):
+class Transformer(MultiWorkerFit, Hyperparameters, keras.Model):
     """The encoder-decoder Transformer of "Attention Is All You Need".
 
     Args:

@@ -134,6 +134,12 @@ def compile_model(model, config):
 
 def train(config, run_dir, verbose=1, overwrite=False):
     """Train, resume or continue a classification run in `run_dir` (rules: `run_dir.start`); returns the metrics."""
+    # On a cluster, only the chief writes `run_dir` (see `run_dir.written_by_this_process`).
+    with runs.written_by_this_process(run_dir) as writable_run_dir:
+        return _train(config, writable_run_dir, verbose, overwrite)
+
+
+def _train(config, run_dir, verbose, overwrite):
     config, strategy, state = runs.start(run_dir, with_dataset_path(config), DEFAULTS[CLASSIFICATION], overwrite)
     settings = config["training"]
     if state.finished:

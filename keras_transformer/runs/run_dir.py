@@ -18,11 +18,13 @@ training together; everything about the directory itself (its layout, what a
 rerun does, how training finishes) is here, shared by every task.
 """
 
+import contextlib
 import copy
 import csv
 import logging
 import os
 import shutil
+import tempfile
 import time
 
 import h5py
@@ -53,7 +55,7 @@ RUN_FILES = (CONFIG, VOCAB, LABELS, MODEL, CHECKPOINTS, BACKUP, LOGS, HISTORY, M
 # Settings a trained run may be given anew when it is continued: how long it
 # trains, what it logs, how it is evaluated. Any other change needs a new run.
 CONTINUABLE_SETTINGS = {
-    "training": ("epochs", "attention_samples", "bleu_samples", "projector_samples"),
+    "training": ("epochs", "attention_samples", "bleu_samples", "projector_samples", "cluster_timeout"),
     "evaluation": None,
 }
 
@@ -177,7 +179,31 @@ def start(run_dir, config, defaults, overwrite=False):
     settings = config["training"]
     keras.utils.set_random_seed(settings["seed"])
     training.set_precision(settings["precision"])
-    return config, training.make_strategy(settings["strategy"], settings["cpu_replicas"]), state
+    strategy = training.make_strategy(settings["strategy"], settings["cpu_replicas"], settings["cluster_timeout"])
+    return config, strategy, state
+
+
+@contextlib.contextmanager
+def written_by_this_process(run_dir):
+    """The directory this process writes the run into: `run_dir`, except on a cluster's other workers.
+
+    One writer per run directory: on a cluster (`TF_CONFIG`) only the chief
+    writes `run_dir`. Every other worker trains on a private copy of it
+    (taken at the start, without the TensorBoard logs: the same config,
+    vocabularies and backup, so it resumes where the chief does), which is
+    removed when training ends. TensorFlow's convention for multi-worker
+    checkpoints is the same.
+    """
+    if training.is_chief():
+        yield run_dir
+        return
+    private = tempfile.mkdtemp(prefix="keras-transformer-worker-")
+    try:
+        if os.path.isdir(run_dir):
+            shutil.copytree(run_dir, private, dirs_exist_ok=True, ignore=shutil.ignore_patterns(LOGS))
+        yield private
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
 
 
 def _check_is_run_directory(run_dir):
@@ -382,7 +408,7 @@ def load_trained_model(run_dir, build_model):
 def learn_or_load_tokenizer(run_dir, name, texts, vocab_size, lower_case, reserved_tokens=None):
     """The run's tokenizer `name`: loaded when the run has it, else learned from `texts` and saved."""
     folder = vocab_path(run_dir, name)
-    if os.path.exists(os.path.join(folder, "vocab.txt")):
+    if os.path.exists(os.path.join(folder, text.TOKENIZER_SETTINGS)):  # written last
         return text.WordPieceTokenizer.load(folder)
     started = time.time()
     tokenizer = text.WordPieceTokenizer.learn(

@@ -116,6 +116,12 @@ def train(config, run_dir, verbose=1, overwrite=False):
     epoch after the last one completed, exactly as if it had not stopped;
     see `run_dir.start` for what a rerun does with a finished run or new settings.
     """
+    # On a cluster, only the chief writes `run_dir` (see `run_dir.written_by_this_process`).
+    with runs.written_by_this_process(run_dir) as writable_run_dir:
+        return _train(config, writable_run_dir, verbose, overwrite)
+
+
+def _train(config, run_dir, verbose, overwrite):
     config, strategy, state = runs.start(run_dir, config, DEFAULTS[TRANSLATION], overwrite=overwrite)
     settings = config["training"]
     if state.finished:

@@ -3,6 +3,8 @@
 from keras_transformer.text.tokenizer import (
     CLASSIFIER_TOKENS,
     CLS,
+    TOKENIZER_SETTINGS,
+    VOCAB_FILE,
     END,
     PAD,
     RESERVED_TOKENS,
@@ -12,4 +14,4 @@ from keras_transformer.text.tokenizer import (
     normalize,
 )
 
-__all__ = ["CLASSIFIER_TOKENS", "CLS", "END", "PAD", "RESERVED_TOKENS", "START", "UNK", "WordPieceTokenizer", "normalize"]
+__all__ = ["CLASSIFIER_TOKENS", "CLS", "TOKENIZER_SETTINGS", "VOCAB_FILE", "END", "PAD", "RESERVED_TOKENS", "START", "UNK", "WordPieceTokenizer", "normalize"]

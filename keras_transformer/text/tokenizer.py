@@ -13,18 +13,19 @@ A classifier's vocabulary adds `[CLS]`: the token put in front of every text,
 whose final state sums the text up (BERT's convention).
 """
 
-import json
 import os
 
 import tensorflow as tf
 import tensorflow_text as text
 from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset
 
-from keras_transformer.saving import DamagedFileError, read_json
+from keras_transformer.saving import DamagedFileError, read_json, replace_whole, write_json
 
 PAD, UNK, START, END = "[PAD]", "[UNK]", "[START]", "[END]"
 RESERVED_TOKENS = (PAD, UNK, START, END)
 CLS = "[CLS]"
+# A saved tokenizer: a folder with these two files.
+VOCAB_FILE, TOKENIZER_SETTINGS = "vocab.txt", "tokenizer.json"
 CLASSIFIER_TOKENS = RESERVED_TOKENS + (CLS,)
 
 # Vocabulary learning searches for a count threshold that yields the asked-for
@@ -135,16 +136,26 @@ class WordPieceTokenizer(tf.Module):
         return cls(vocab, lower_case=lower_case, reserved_tokens=reserved_tokens)
 
     def save(self, directory):
-        """Write `vocab.txt` (one token a line) and `tokenizer.json` (the settings)."""
+        """Write `vocab.txt` (one token a line), then `tokenizer.json` (the settings), each whole or not at all.
+
+        So a directory with `tokenizer.json` holds a complete tokenizer, even
+        to a reader (another worker) looking while it is being written.
+        """
         os.makedirs(directory, exist_ok=True)
-        with open(os.path.join(directory, "vocab.txt"), "w", encoding="utf-8") as file:
-            file.write("\n".join(self.vocab) + "\n")
-        with open(os.path.join(directory, "tokenizer.json"), "w", encoding="utf-8") as file:
-            json.dump({"lower_case": self.lower_case, "reserved_tokens": self.reserved_tokens}, file, indent=2)
+
+        def write_vocab(path):
+            with open(path, "w", encoding="utf-8") as file:
+                file.write("\n".join(self.vocab) + "\n")
+
+        replace_whole(os.path.join(directory, VOCAB_FILE), write_vocab)
+        write_json(
+            os.path.join(directory, TOKENIZER_SETTINGS),
+            {"lower_case": self.lower_case, "reserved_tokens": self.reserved_tokens},
+        )
 
     @classmethod
     def load(cls, directory):
-        vocab_path = os.path.join(directory, "vocab.txt")
+        vocab_path = os.path.join(directory, VOCAB_FILE)
         if not os.path.exists(vocab_path):
             raise FileNotFoundError(f"no vocabulary at {vocab_path}")
         try:
@@ -152,7 +163,7 @@ class WordPieceTokenizer(tf.Module):
                 vocab = file.read().splitlines()
         except UnicodeDecodeError as error:
             raise DamagedFileError(f"{vocab_path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
-        settings = read_json(os.path.join(directory, "tokenizer.json"))
+        settings = read_json(os.path.join(directory, TOKENIZER_SETTINGS))
         return cls(vocab, **settings)
 
     # -- text -> ids -> text ------------------------------------------------

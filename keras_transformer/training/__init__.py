@@ -4,7 +4,10 @@ from keras_transformer.training.callbacks import AveragedWeights, EpochSeeds, Le
 from keras_transformer.training.distribution import (
     PRECISIONS,
     STRATEGIES,
+    cluster_addresses,
+    is_chief,
     make_strategy,
+    multi_worker_strategy,
     set_precision,
     split_cpu,
 )
@@ -23,6 +26,9 @@ __all__ = [
     "PRECISIONS",
     "Perplexity",
     "STRATEGIES",
+    "cluster_addresses",
+    "is_chief",
+    "multi_worker_strategy",
     "TransformerSchedule",
     "build_optimizer_variables",
     "make_strategy",

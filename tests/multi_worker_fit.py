@@ -1,0 +1,56 @@
+"""`model.fit` of a small Transformer, in this process or as one worker of a cluster (TF_CONFIG).
+
+    python tests/multi_worker_fit.py OUT.npz [--strategy none|multi-worker]
+
+Trains a fixed number of steps on fixed global batches (no dropout) and
+saves the weights and the history: run alone and as two workers, the
+results must agree. Used by tests/test_multi_worker.py.
+"""
+
+import argparse
+import json
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import keras  # noqa: E402
+import keras_transformer as kt  # noqa: E402
+
+GLOBAL_BATCH, STEPS = 16, 6
+
+
+def batches():
+    rng = np.random.default_rng(0)
+    source = rng.integers(3, 30, size=(GLOBAL_BATCH * STEPS, 9)).astype("int32")
+    source[:, 7:] = 0  # padding, so the loss's token count matters
+    target = np.concatenate([np.full((len(source), 1), 2, "int32"), source[:, ::-1]], axis=1)
+    return tf.data.Dataset.from_tensor_slices(((source, target[:, :-1]), target[:, 1:])).batch(GLOBAL_BATCH)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--strategy", default="none")
+    arguments = parser.parse_args()
+    strategy = kt.training.make_strategy(arguments.strategy, cluster_timeout=120)
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = kt.models.Transformer(
+            src_vocab_size=30, tgt_vocab_size=30, num_layers=1, d_model=16, num_heads=2, d_ff=32,
+            max_length=16, dropout=0.0,
+        )
+        model.compile(
+            optimizer=keras.optimizers.Adam(1e-2),
+            loss=kt.training.MaskedSparseCrossEntropy(),
+            metrics=[kt.training.MaskedAccuracy()],
+        )
+    history = model.fit(batches(), epochs=2, validation_data=batches(), verbose=0)
+    weights = {variable.path: keras.ops.convert_to_numpy(variable) for variable in model.trainable_variables}
+    np.savez(arguments.out, history=json.dumps(history.history), **weights)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""Training across machines, as worker processes on 127.0.0.1: `fit` under MultiWorkerMirroredStrategy.
+
+Each worker is a real process told its cluster and task by `TF_CONFIG`,
+talking gRPC to the others on free local ports.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import ENV, TINY_MODEL
+
+HERE = Path(__file__).parent
+
+
+def free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def cluster_environments(count, tmp_path):
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(count)]
+    environments = []
+    for index in range(count):
+        config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
+        # Each worker its own temporary folder, to see what it leaves behind.
+        temporary = tmp_path / f"tmp-worker-{index}"
+        temporary.mkdir()
+        environments.append({**ENV, "TF_CONFIG": json.dumps(config), "TMPDIR": str(temporary)})
+    return environments
+
+
+def run_workers(commands, environments, timeout=420):
+    """Start one process per command (with its environment), wait for all; returns their results."""
+    processes = [
+        subprocess.Popen([str(part) for part in command], env=environment, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for command, environment in zip(commands, environments)
+    ]
+    results = []
+    deadline = time.time() + timeout
+    for process in processes:
+        try:
+            stdout, stderr = process.communicate(timeout=max(1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            for other in processes:
+                other.kill()
+            raise
+        results.append(subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr))
+    return results
+
+
+@pytest.mark.slow
+def test_two_workers_train_as_one_process_on_the_same_global_batches(tmp_path):
+    script = HERE / "multi_worker_fit.py"
+    alone = subprocess.run([sys.executable, script, tmp_path / "alone.npz"], env=ENV, capture_output=True,
+                           text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    environments = cluster_environments(2, tmp_path)
+    results = run_workers(
+        [[sys.executable, script, tmp_path / f"worker{index}.npz", "--strategy", "multi-worker"] for index in (0, 1)],
+        environments,
+    )
+    for result in results:
+        assert result.returncode == 0, result.stderr[-3000:]
+    expected = np.load(tmp_path / "alone.npz")
+    for index in (0, 1):
+        trained = np.load(tmp_path / f"worker{index}.npz")
+        for name in expected.files:
+            if name == "history":
+                continue
+            np.testing.assert_allclose(trained[name], expected[name], atol=1e-5, err_msg=name)
+        # The logs are those of the global batches: the loss and accuracy one process reports.
+        history, alone_history = json.loads(str(trained["history"])), json.loads(str(expected["history"]))
+        for key, values in alone_history.items():
+            np.testing.assert_allclose(history[key], values, rtol=1e-4, err_msg=key)
+
+
+@pytest.mark.slow
+def test_a_two_worker_run_directory_is_written_by_the_chief_alone(tmp_path):
+    run = tmp_path / "run"
+    command = [
+        Path(sys.executable).with_name("keras-transformer"), "train", "--dataset", "demo", "--out", run,
+        "--strategy", "multi-worker", "--epochs", 2, "--steps-per-epoch", 4, "--limit-train", 400,
+        "--limit-val", 16, "--vocab-size", 300, *TINY_MODEL, "--max-length", 24, "--tokens-per-batch", 512,
+        "--bleu-samples", 4, "--attention-samples", 1, "--no-evaluate", "--cluster-timeout", 120,
+    ]
+    environments = cluster_environments(2, tmp_path)
+    chief, worker = run_workers([command, command], environments)
+    assert chief.returncode == 0 and worker.returncode == 0, chief.stderr[-3000:] + worker.stderr[-3000:]
+    assert f"run directory: {run}" in chief.stdout and "the chief worker wrote" in worker.stdout
+    from keras_transformer.runs.run_dir import RUN_FILES
+
+    assert set(os.listdir(run)) <= set(RUN_FILES)
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["training"]["epochs_done"] == 2 and metrics["training"]["replicas"] == 2
+    assert list((tmp_path / "tmp-worker-1").iterdir()) == [], "the worker removes its private copy"
+    from helpers import cli
+
+    assert cli("translate", run, "The dog sleeps.").stdout.strip()
+    cli("export", run, tmp_path / "export")
+    assert (tmp_path / "export" / "1" / "saved_model.pb").is_file()
+
+
+@pytest.mark.slow
+def test_a_worker_whose_cluster_never_comes_gives_up_with_one_line(tmp_path):
+    environment = cluster_environments(2, tmp_path)[0]
+    del environment["TF_CPP_MIN_LOG_LEVEL"]  # as a user runs it: quiet by itself
+    started = time.time()
+    result = run_workers(
+        [[Path(sys.executable).with_name("keras-transformer"), "train", "--dataset", "demo", "--out",
+          tmp_path / "run", "--strategy", "multi-worker", "--cluster-timeout", 10, "--epochs", 1]],
+        [environment], timeout=120,
+    )[0]
+    # Killed by its watchdog (TensorFlow waits holding the interpreter lock).
+    assert result.returncode == -9 and time.time() - started < 100
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "could not reach the rest of the cluster" in lines[0], result.stderr[-2000:]
