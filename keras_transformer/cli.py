@@ -376,7 +376,27 @@ def main(argv=None):
     except (ValueError, FileNotFoundError, FileExistsError) as error:
         print(f"keras-transformer: error: {error}", file=sys.stderr)
         return 2
+    except Exception as error:
+        message = _lost_worker(error)
+        if message is None:
+            raise
+        print(f"keras-transformer: error: {message}", file=sys.stderr)
+        return 3
     return 0
+
+
+def _lost_worker(error):
+    """What to tell the user when a worker of the cluster stopped (else None)."""
+    tensorflow = sys.modules.get("tensorflow")
+    lost = (tensorflow.errors.UnavailableError, tensorflow.errors.DeadlineExceededError) if tensorflow else ()
+    if not lost or not isinstance(error, lost) or not os.environ.get("TF_CONFIG"):
+        return None
+    tasks = sorted(set(re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)", str(error).partition("unhealthy")[2])))
+    who = ", ".join(f"{kind} {index}" for kind, index in tasks) or "a worker"
+    return (
+        f"{who} of the cluster stopped answering; restart every worker with the same command: "
+        "training resumes after the last finished epoch"
+    )
 
 
 if __name__ == "__main__":

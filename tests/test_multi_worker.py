@@ -37,7 +37,7 @@ def cluster_environments(count, tmp_path):
         config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
         # Each worker its own temporary folder, to see what it leaves behind.
         temporary = tmp_path / f"tmp-worker-{index}"
-        temporary.mkdir()
+        temporary.mkdir(parents=True)
         environments.append({**ENV, "TF_CONFIG": json.dumps(config), "TMPDIR": str(temporary)})
     return environments
 
@@ -128,3 +128,40 @@ def test_a_worker_whose_cluster_never_comes_gives_up_with_one_line(tmp_path):
     assert result.returncode == -9 and time.time() - started < 100
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "could not reach the rest of the cluster" in lines[0], result.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_killed_worker_costs_at_most_the_epoch_it_was_in(tmp_path):
+    run = tmp_path / "run"
+    command = [
+        Path(sys.executable).with_name("keras-transformer"), "train", "--dataset", "demo", "--out", run,
+        "--strategy", "multi-worker", "--epochs", 3, "--steps-per-epoch", 60, "--limit-train", 600,
+        "--limit-val", 16, "--vocab-size", 300, *TINY_MODEL, "--max-length", 24, "--tokens-per-batch", 512,
+        "--bleu-samples", 4, "--attention-samples", 1, "--no-evaluate", "--cluster-timeout", 20,
+    ]
+    environments = cluster_environments(2, tmp_path)
+    processes = [
+        subprocess.Popen([str(part) for part in command], env=environment, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for environment in environments
+    ]
+    backup = run / "backup" / "training_metadata.json"
+    deadline = time.time() + 300
+    while not backup.exists() and time.time() < deadline and processes[0].poll() is None:
+        time.sleep(0.2)
+    assert backup.exists(), processes[0].communicate()[1][-3000:]
+    processes[1].kill()  # kill -9, in the second epoch
+    _, chief_errors = processes[0].communicate(timeout=180)  # the chief notices and stops
+    processes[1].communicate()
+    assert processes[0].returncode != 0
+    lines = [line for line in chief_errors.splitlines() if line.startswith("keras-transformer: error")]
+    assert lines and "worker" in lines[-1], chief_errors[-3000:]
+    assert not (run / "model.keras").exists()
+
+    # Both restarted with the same command: they resume after the last finished epoch.
+    restarted = run_workers([command, command], cluster_environments(2, tmp_path / "again"))
+    for result in restarted:
+        assert result.returncode == 0, result.stderr[-3000:]
+    history = (run / "history.csv").read_text().splitlines()
+    assert [row.split(",")[0] for row in history[1:]] == ["0", "1", "2"], history
+    assert json.loads((run / "metrics.json").read_text())["training"]["epochs_done"] == 3
