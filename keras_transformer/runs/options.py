@@ -156,7 +156,7 @@ class Option:
         return f"{self.section}.{self.key}"
 
 
-_BOTH, _TRANSLATION, _CLASSIFICATION = TASKS, (TRANSLATION,), (CLASSIFICATION,)
+_TRANSLATION, _CLASSIFICATION = (TRANSLATION,), (CLASSIFICATION,)  # rows for one task; the others take both
 
 OPTIONS = (
     # data
