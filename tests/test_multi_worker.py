@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import ENV, TINY_MODEL
+from helpers import ENV, TINY_MODEL, cli
+from keras_transformer.runs.run_dir import RUN_FILES
 
 HERE = Path(__file__).parent
 
@@ -89,32 +90,6 @@ def test_two_workers_train_as_one_process_on_the_same_global_batches(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_two_worker_run_directory_is_written_by_the_chief_alone(tmp_path):
-    run = tmp_path / "run"
-    command = [
-        Path(sys.executable).with_name("keras-transformer"), "train", "--dataset", "demo", "--out", run,
-        "--strategy", "multi-worker", "--epochs", 2, "--steps-per-epoch", 4, "--limit-train", 400,
-        "--limit-val", 16, "--vocab-size", 300, *TINY_MODEL, "--max-length", 24, "--tokens-per-batch", 512,
-        "--bleu-samples", 4, "--attention-samples", 1, "--no-evaluate", "--cluster-timeout", 120,
-    ]
-    environments = cluster_environments(2, tmp_path)
-    chief, worker = run_workers([command, command], environments)
-    assert chief.returncode == 0 and worker.returncode == 0, chief.stderr[-3000:] + worker.stderr[-3000:]
-    assert f"run directory: {run}" in chief.stdout and "the chief worker wrote" in worker.stdout
-    from keras_transformer.runs.run_dir import RUN_FILES
-
-    assert set(os.listdir(run)) <= set(RUN_FILES)
-    metrics = json.loads((run / "metrics.json").read_text())
-    assert metrics["training"]["epochs_done"] == 2 and metrics["training"]["replicas"] == 2
-    assert list((tmp_path / "tmp-worker-1").iterdir()) == [], "the worker removes its private copy"
-    from helpers import cli
-
-    assert cli("translate", run, "The dog sleeps.").stdout.strip()
-    cli("export", run, tmp_path / "export")
-    assert (tmp_path / "export" / "1" / "saved_model.pb").is_file()
-
-
-@pytest.mark.slow
 def test_a_worker_whose_cluster_never_comes_gives_up_with_one_line(tmp_path):
     environment = cluster_environments(2, tmp_path)[0]
     del environment["TF_CPP_MIN_LOG_LEVEL"]  # as a user runs it: quiet by itself
@@ -131,7 +106,7 @@ def test_a_worker_whose_cluster_never_comes_gives_up_with_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_killed_worker_costs_at_most_the_epoch_it_was_in(tmp_path):
+def test_a_killed_worker_costs_at_most_its_epoch_and_the_chief_alone_writes(tmp_path):
     run = tmp_path / "run"
     command = [
         Path(sys.executable).with_name("keras-transformer"), "train", "--dataset", "demo", "--out", run,
@@ -159,9 +134,17 @@ def test_a_killed_worker_costs_at_most_the_epoch_it_was_in(tmp_path):
     assert not (run / "model.keras").exists()
 
     # Both restarted with the same command: they resume after the last finished epoch.
-    restarted = run_workers([command, command], cluster_environments(2, tmp_path / "again"))
-    for result in restarted:
-        assert result.returncode == 0, result.stderr[-3000:]
+    chief, worker = run_workers([command, command], cluster_environments(2, tmp_path / "again"))
+    assert chief.returncode == 0 and worker.returncode == 0, chief.stderr[-3000:] + worker.stderr[-3000:]
     history = (run / "history.csv").read_text().splitlines()
     assert [row.split(",")[0] for row in history[1:]] == ["0", "1", "2"], history
-    assert json.loads((run / "metrics.json").read_text())["training"]["epochs_done"] == 3
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["training"]["epochs_done"] == 3 and metrics["training"]["replicas"] == 2
+
+    # One writer: the chief's run directory, the worker's private copy gone; and the run is usable.
+    assert f"run directory: {run}" in chief.stdout and "the chief worker wrote" in worker.stdout
+    assert set(os.listdir(run)) <= set(RUN_FILES)
+    assert list((tmp_path / "again" / "tmp-worker-1").iterdir()) == [], "the worker removes its private copy"
+    assert cli("translate", run, "The dog sleeps.").stdout.strip()
+    cli("export", run, tmp_path / "export")
+    assert (tmp_path / "export" / "1" / "saved_model.pb").is_file()
