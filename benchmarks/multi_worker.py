@@ -15,7 +15,6 @@ JSON line; BENCHMARKS.md has the figures.
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -56,28 +55,19 @@ def train(steps, cores, strategy_name):
     return BATCH * LENGTH * (steps - WARMUP_STEPS) / seconds, model.count_params()
 
 
-def free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
-
-
 def in_processes(steps):
     """The two measurements, each in fresh processes (TensorFlow fixes its threads when it starts)."""
     me = [sys.executable, __file__, "--steps", str(steps), "--role"]
     environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     alone = json.loads(subprocess.run([*me, "alone"], env=environment, capture_output=True, text=True,
                                       check=True).stdout.splitlines()[-1])
-    addresses = [f"127.0.0.1:{port}" for port in free_ports(2)]
-    workers = []
-    for index in (0, 1):
-        config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
-        workers.append(subprocess.Popen([*me, f"worker{index}"], env={**environment, "TF_CONFIG": json.dumps(config)},
-                                        stdout=subprocess.PIPE, text=True))
+    from keras_transformer.training.distribution import local_cluster
+
+    workers = [
+        subprocess.Popen([*me, f"worker{index}"], env={**environment, "TF_CONFIG": config}, stdout=subprocess.PIPE,
+                         text=True)
+        for index, config in enumerate(local_cluster(2))
+    ]
     results = [json.loads(worker.communicate()[0].splitlines()[-1]) for worker in workers]
     two = results[0]
     gradient_megabytes = two["parameters"] * 4 / 1e6

@@ -6,7 +6,6 @@ talking gRPC to the others on free local ports.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,29 +16,18 @@ import pytest
 
 from helpers import ENV, TINY_MODEL, cli
 from keras_transformer.runs.run_dir import RUN_FILES
+from keras_transformer.training.distribution import local_cluster
 
 HERE = Path(__file__).parent
 
 
-def free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
-
-
 def cluster_environments(count, tmp_path):
-    addresses = [f"127.0.0.1:{port}" for port in free_ports(count)]
     environments = []
-    for index in range(count):
-        config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
+    for index, config in enumerate(local_cluster(count)):
         # Each worker its own temporary folder, to see what it leaves behind.
         temporary = tmp_path / f"tmp-worker-{index}"
         temporary.mkdir(parents=True)
-        environments.append({**ENV, "TF_CONFIG": json.dumps(config), "TMPDIR": str(temporary)})
+        environments.append({**ENV, "TF_CONFIG": config, "TMPDIR": str(temporary)})
     return environments
 
 

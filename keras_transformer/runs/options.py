@@ -26,6 +26,16 @@ CLASSIFICATION_DATASETS = ("sst2", "imdb", "csv")
 # Class names of the built-in sentiment sets, for `classify` and the export.
 SENTIMENT_LABELS = ("negative", "positive")
 
+# The training settings every task has: where and how precisely it runs, and its seed.
+_HOW_TRAINING_RUNS = {
+    "strategy": "auto",
+    "cpu_replicas": None,
+    "cluster_timeout": 300,
+    "precision": "float32",
+    "jit_compile": False,
+    "seed": 0,
+}
+
 DEFAULTS = {
     TRANSLATION: {
         "task": TRANSLATION,
@@ -55,12 +65,7 @@ DEFAULTS = {
             "label_smoothing": 0.1,
             "steps_per_epoch": None,
             "early_stopping": None,
-            "strategy": "auto",
-            "cpu_replicas": None,
-            "cluster_timeout": 300,
-            "precision": "float32",
-            "jit_compile": False,
-            "seed": 0,
+            **_HOW_TRAINING_RUNS,
             # TensorBoard: attention maps of this many validation pairs, and the
             # greedy BLEU of this many, after every epoch (0 turns either off).
             "attention_samples": 3,
@@ -97,12 +102,7 @@ DEFAULTS = {
             # The checkpoint kept (and early stopping) follow validation accuracy:
             # a classifier's loss can rise while it gets more examples right.
             "monitor": "val_accuracy",
-            "strategy": "auto",
-            "cpu_replicas": None,
-            "cluster_timeout": 300,
-            "precision": "float32",
-            "jit_compile": False,
-            "seed": 0,
+            **_HOW_TRAINING_RUNS,
             "projector_samples": 500,
         },
         "evaluation": {"batch_size": 64},

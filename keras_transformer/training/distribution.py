@@ -16,6 +16,7 @@ under it with `fit` (see `keras_transformer.models.multi_worker`).
 import functools
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -121,6 +122,24 @@ def is_chief():
     if "chief" in config["cluster"]:
         return kind == "chief"
     return kind == "worker" and index == 0
+
+
+def local_cluster(num_workers):
+    """`TF_CONFIG` values (JSON strings) for `num_workers` workers on this machine, on free ports of 127.0.0.1.
+
+    To try multi-worker training on one machine: run the same command in
+    `num_workers` processes, the i-th with `TF_CONFIG=local_cluster(n)[i]`.
+    """
+    sockets = [socket.socket() for _ in range(num_workers)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))  # the system picks a free port
+    addresses = [f"127.0.0.1:{sock.getsockname()[1]}" for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return [
+        json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}})
+        for index in range(num_workers)
+    ]
 
 
 @functools.lru_cache(maxsize=None)
