@@ -87,7 +87,7 @@ def _log_probs(step_fn, last, cache, step, start_id):
     return _never_generate(tf.nn.log_softmax(logits), start_id), cache
 
 
-def _write_column(buffer, column, values):
+def write_column(buffer, column, values):
     """buffer[..., column] = values, with core ops only (graph and Serving friendly)."""
     positions = tf.range(tf.shape(buffer)[-1])
     return tf.where(positions == column, values[..., None], buffer)
@@ -127,7 +127,7 @@ def greedy_search(step_fn, cache, start_id, end_id, max_lengths, length_alpha=0.
         chosen_log_prob = tf.gather(log_probs, chosen, batch_dims=1)
         log_prob_sum += tf.where(finished, 0.0, chosen_log_prob)
         lengths += tf.where(finished, 0, 1)
-        tokens = _write_column(tokens, step, chosen)
+        tokens = write_column(tokens, step, chosen)
         finished = finished | (chosen == end_id) | (step + 1 >= max_lengths)
         return step + 1, finished, cache, chosen, tokens, log_prob_sum, lengths
 
@@ -194,7 +194,7 @@ def beam_search(step_fn, cache, start_id, end_id, max_lengths, beam_size=4, leng
         extensions = tf.reshape(live_log_probs[:, :, None] + log_probs, [batch, -1])
         top_log_probs, top = tf.math.top_k(extensions, k=candidates_kept)
         beam_index, tokens = top // vocab_size, top % vocab_size
-        top_sequences = _write_column(tf.gather(live, beam_index, batch_dims=1), step, tokens)
+        top_sequences = write_column(tf.gather(live, beam_index, batch_dims=1), step, tokens)
         ends = (tokens == end_id) | (step + 1 >= max_lengths[:, None])
 
         # Set the ended ones among the first beam_size aside, scored.

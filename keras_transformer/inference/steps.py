@@ -20,7 +20,14 @@ limits, the step function, and greedy or beam search.
 
 import tensorflow as tf
 
-from keras_transformer.inference.search import beam_search, greedy_search, higher_scoring, length_penalty, num_steps
+from keras_transformer.inference.search import (
+    beam_search,
+    greedy_search,
+    higher_scoring,
+    length_penalty,
+    num_steps,
+    write_column,
+)
 from keras_transformer.layers.masks import padding_mask
 
 
@@ -84,7 +91,7 @@ def transformer_step(model, source_ids, max_length, beams=1, use_cache=True):
         memory = repeat(memory)
 
         def recomputing_step(tokens, prefix, index):
-            prefix = _write_column(prefix, index, tokens)
+            prefix = write_column(prefix, index, tokens)
             logits = model.decode(prefix[:, : index + 1], memory, encoder_padding_mask=source_mask)
             return logits[:, -1], prefix
 
@@ -108,11 +115,6 @@ def transformer_step(model, source_ids, max_length, beams=1, use_cache=True):
 def cache_batch_axis(use_cache=True):
     """The rows' axis in the cache of `transformer_step(..., use_cache=use_cache)`."""
     return 1 if use_cache else 0
-
-
-def _write_column(buffer, column, values):
-    """buffer[:, column] = values, with core ops only."""
-    return tf.where(tf.range(tf.shape(buffer)[1]) == column, values[:, None], buffer)
 
 
 def transformer_search(
