@@ -367,15 +367,25 @@ def _start_tensorflow_quietly():
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
 
 
+# The exit status of a run stopped by SIGTERM after saving its state (128 + 15,
+# what a shell reports for a process that SIGTERM ended).
+INTERRUPTED = 143
+
+
 def main(argv=None):
     arguments = build_parser().parse_args(argv)
     _start_tensorflow_quietly()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from keras_transformer.training import TrainingInterrupted
+
     try:
         arguments.handler(arguments)
     except (ValueError, FileNotFoundError, FileExistsError) as error:
         print(f"keras-transformer: error: {error}", file=sys.stderr)
         return 2
+    except TrainingInterrupted as error:
+        print(f"keras-transformer: {error}", file=sys.stderr)
+        return INTERRUPTED
     except Exception as error:
         message = _lost_worker(error)
         if message is None:
@@ -395,7 +405,7 @@ def _lost_worker(error):
     who = ", ".join(f"{kind} {index}" for kind, index in tasks) or "a worker"
     return (
         f"{who} of the cluster stopped answering; restart every worker with the same command: "
-        "training resumes after the last finished epoch"
+        "training resumes from its last backup"
     )
 
 

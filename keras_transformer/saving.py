@@ -64,7 +64,9 @@ def replace_whole(path, write):
     mid-write) sees the old file or the new one, never half of one.
     """
     directory = os.path.dirname(os.path.abspath(path))
-    handle, staging = tempfile.mkstemp(prefix=".incomplete-", suffix=os.path.splitext(path)[1], dir=directory)
+    # The whole suffix (".weights.h5", not ".h5"): Keras reads the file's kind from it.
+    suffix = "." + os.path.basename(path).partition(".")[2]
+    handle, staging = tempfile.mkstemp(prefix=".incomplete-", suffix=suffix, dir=directory)
     os.close(handle)
     try:
         write(staging)

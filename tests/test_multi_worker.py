@@ -93,27 +93,40 @@ def test_a_worker_whose_cluster_never_comes_gives_up_with_one_line(tmp_path):
     assert len(lines) == 1 and "could not reach the rest of the cluster" in lines[0], result.stderr[-2000:]
 
 
+def start_workers(command, environments):
+    return [
+        subprocess.Popen([str(part) for part in command], env=environment, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for environment in environments
+    ]
+
+
+def wait_for_backup(run, processes, condition, timeout=300):
+    """The chief's backup state once `condition(state)` holds."""
+    state_file = run / "backup" / "state.json"
+    deadline = time.time() + timeout
+    while time.time() < deadline and all(process.poll() is None for process in processes):
+        state = json.loads(state_file.read_text()) if state_file.exists() else None
+        if state and condition(state):
+            return state
+        time.sleep(0.1)
+    raise AssertionError(processes[0].communicate()[1][-3000:])
+
+
 @pytest.mark.slow
-def test_a_killed_worker_costs_at_most_its_epoch_and_the_chief_alone_writes(tmp_path):
+def test_a_killed_or_preempted_worker_costs_at_most_n_steps_and_the_chief_alone_writes(tmp_path):
     run = tmp_path / "run"
     command = [
         Path(sys.executable).with_name("keras-transformer"), "train", "--dataset", "demo", "--out", run,
         "--strategy", "multi-worker", "--epochs", 3, "--steps-per-epoch", 60, "--limit-train", 600,
         "--limit-val", 16, "--vocab-size", 300, *TINY_MODEL, "--max-length", 24, "--tokens-per-batch", 512,
         "--bleu-samples", 4, "--attention-samples", 1, "--no-evaluate", "--cluster-timeout", 20,
+        "--save-every-steps", 10,
     ]
-    environments = cluster_environments(2, tmp_path)
-    processes = [
-        subprocess.Popen([str(part) for part in command], env=environment, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-        for environment in environments
-    ]
-    backup = run / "backup" / "training_metadata.json"
-    deadline = time.time() + 300
-    while not backup.exists() and time.time() < deadline and processes[0].poll() is None:
-        time.sleep(0.2)
-    assert backup.exists(), processes[0].communicate()[1][-3000:]
-    processes[1].kill()  # kill -9, in the second epoch
+    # kill -9 of a worker in the middle of the second epoch, after a backup there.
+    processes = start_workers(command, cluster_environments(2, tmp_path))
+    killed_at = wait_for_backup(run, processes, lambda state: state["epoch"] == 1 and state["batches_done"] > 0)
+    processes[1].kill()
     _, chief_errors = processes[0].communicate(timeout=180)  # the chief notices and stops
     processes[1].communicate()
     assert processes[0].returncode != 0
@@ -121,7 +134,19 @@ def test_a_killed_worker_costs_at_most_its_epoch_and_the_chief_alone_writes(tmp_
     assert lines and "worker" in lines[-1], chief_errors[-3000:]
     assert not (run / "model.keras").exists()
 
-    # Both restarted with the same command: they resume after the last finished epoch.
+    # Both restarted; then SIGTERM to the worker alone (its machine is preempted): after the
+    # next step both save and stop, each with one line and status 143; no one waits for the other.
+    processes = start_workers(command, cluster_environments(2, tmp_path / "restarted"))
+    wait_for_backup(run, processes, lambda state: (state["epoch"], state["batches_done"]) >
+                    (killed_at["epoch"], killed_at["batches_done"]))
+    processes[1].terminate()
+    for process in processes:
+        _, errors = process.communicate(timeout=180)
+        assert process.returncode == 143, errors[-3000:]
+        assert errors.rstrip().splitlines()[-1].startswith("keras-transformer: stopped by SIGTERM"), errors[-3000:]
+    assert not (run / "model.keras").exists()
+
+    # Both restarted with the same command: they resume from the last backup and finish.
     chief, worker = run_workers([command, command], cluster_environments(2, tmp_path / "again"))
     assert chief.returncode == 0 and worker.returncode == 0, chief.stderr[-3000:] + worker.stderr[-3000:]
     history = (run / "history.csv").read_text().splitlines()
@@ -132,7 +157,8 @@ def test_a_killed_worker_costs_at_most_its_epoch_and_the_chief_alone_writes(tmp_
     # One writer: the chief's run directory, the worker's private copy gone; and the run is usable.
     assert f"run directory: {run}" in chief.stdout and "the chief worker wrote" in worker.stdout
     assert set(os.listdir(run)) <= set(RUN_FILES)
-    assert list((tmp_path / "again" / "tmp-worker-1").iterdir()) == [], "the worker removes its private copy"
+    for stopped in ("restarted", "again"):
+        assert list((tmp_path / stopped / "tmp-worker-1").iterdir()) == [], "the worker removes its private copy"
     assert cli("translate", run, "The dog sleeps.").stdout.strip()
     cli("export", run, tmp_path / "export")
     assert (tmp_path / "export" / "1" / "saved_model.pb").is_file()

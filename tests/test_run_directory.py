@@ -7,6 +7,8 @@
 """
 
 import csv
+import json
+import os
 import shutil
 import signal
 import subprocess
@@ -20,7 +22,7 @@ from keras_transformer import cli as command_line
 from keras_transformer.runs import options, run_dir, translation
 
 SMALL_RUN = [
-    "--dataset", "demo", "--limit-train", "1500", "--limit-val", "20", "--no-evaluate",
+    "--dataset", "demo", "--limit-train", "1500", "--limit-val", "20", "--no-evaluate", "--tokens-per-batch", "1024",
     "--attention-samples", "0", "--warmup-steps", "50", *TINY_MODEL,
 ]
 
@@ -30,35 +32,63 @@ def history(run):
         return list(csv.DictReader(file))
 
 
+def backup_state(run):
+    state = run / "backup" / "state.json"
+    return json.loads(state.read_text()) if state.exists() else None
+
+
+def wait_for_backup(process, run, condition, timeout=300):
+    deadline = time.time() + timeout
+    while time.time() < deadline and process.poll() is None:
+        try:
+            state = backup_state(run)
+        except json.JSONDecodeError:  # never: the state file is replaced whole
+            raise
+        if state and condition(state):
+            return state
+        time.sleep(0.05)
+    raise AssertionError(f"no backup such that {condition}: the run ended ({process.poll()}) or took too long")
+
+
 @pytest.mark.slow
-def test_a_run_killed_during_an_epoch_resumes_exactly_as_if_never_stopped(tmp_path):
+def test_a_run_killed_or_stopped_mid_epoch_resumes_exactly_as_if_never_stopped(tmp_path):
     uninterrupted = tmp_path / "uninterrupted"
     cli("train", *SMALL_RUN, "--epochs", 3, "--out", uninterrupted)
 
-    killed = tmp_path / "killed"
-    arguments = ["train", *SMALL_RUN, "--epochs", 3, "--out", killed]
-    process = subprocess.Popen(CLI + [str(a) for a in arguments], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
-    deadline = time.time() + 300
-    # The first epoch is done (and backed up) once its row is in history.csv: epoch 2 is under way.
-    while time.time() < deadline and process.poll() is None:
-        if (killed / "history.csv").exists() and len(history(killed)) >= 1:
-            break
-        time.sleep(0.05)
-    assert process.poll() is None, "the run finished before it could be killed: give it more pairs"
+    run = tmp_path / "killed"
+    arguments = CLI + [str(a) for a in ("train", *SMALL_RUN, "--epochs", 3, "--out", run, "--save-every-steps", 3)]
+    # kill -9 in the middle of the second epoch, after a backup written there.
+    process = subprocess.Popen(arguments, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    killed_at = wait_for_backup(process, run, lambda state: state["epoch"] == 1 and state["batches_done"] > 0)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    assert len(history(killed)) == 1 and not (killed / "model.keras").exists()
+    assert len(history(run)) == 1 and not (run / "model.keras").exists()
     # Until training finishes, the run translates with its best checkpoint so far.
-    assert translation.translate(killed, ["the dog sees a cat ."], beam_size=1)[0].strip()
+    assert translation.translate(run, ["the dog sees a cat ."], beam_size=1)[0].strip()
 
-    resumed = cli(*arguments)
-    assert "Epoch 2/3" in resumed.stdout and "Epoch 1/3" not in resumed.stdout
-    # Same batches in the same order, same dropout: every figure of every epoch is the same.
-    assert history(killed) == history(uninterrupted)
-    assert (killed / "model.keras").exists()
+    # Rerun, then SIGTERM (a preempted machine) after a later backup: it saves after the step under
+    # way, says so in one line and exits with 143.
+    process = subprocess.Popen(arguments, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV, text=True)
+    wait_for_backup(process, run, lambda state: (state["epoch"], state["batches_done"]) >
+                    (killed_at["epoch"], killed_at["batches_done"]))
+    process.send_signal(signal.SIGTERM)
+    _, errors = process.communicate(timeout=120)
+    assert process.returncode == 143, errors[-3000:]
+    lines = [line for line in errors.splitlines() if line.startswith("keras-transformer")]
+    assert len(lines) == 1 and "stopped by SIGTERM" in lines[0] and "rerun the same command" in lines[0], errors
+    assert errors.rstrip().endswith(lines[0]), "no traceback"
+    stopped_at = backup_state(run)
+    assert stopped_at["batches_done"] > 0 and not (run / "model.keras").exists()
+
+    resumed = cli(*arguments[len(CLI):])
+    assert f"Epoch {stopped_at['epoch'] + 1}/3" in resumed.stdout and "Epoch 1/3" not in resumed.stdout
+    # Same batches in the same order, same dropout, the epoch's metrics carried over: every
+    # figure of every epoch is the same.
+    assert history(run) == history(uninterrupted)
+    assert (run / "model.keras").exists()
+    assert [name for name in os.listdir(run / "backup") if name.endswith(".h5")] == [backup_state(run)["weights"]]
 
 
-@pytest.mark.slow
 def test_reruns_follow_the_rules_and_never_replace_a_better_checkpoint(tmp_path):
     run = tmp_path / "run"
     cli("train", *SMALL_RUN, "--epochs", 2, "--out", run)

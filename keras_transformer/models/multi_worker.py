@@ -35,7 +35,7 @@ import keras
 import tensorflow as tf
 
 
-def _multi_worker(strategy):
+def spans_workers(strategy):
     """Whether `strategy` is a MultiWorkerMirroredStrategy over more than one worker."""
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return False
@@ -49,7 +49,7 @@ class MultiWorkerFit:
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # Keras reads a batch only for its shapes and dtypes: this worker's
         # first replica's share of it has them, with no collective op.
-        if iterator is not None and data_batch is None and _multi_worker(self.distribute_strategy):
+        if iterator is not None and data_batch is None and spans_workers(self.distribute_strategy):
             for _, _, batches in iterator:
                 data_batch = keras.tree.map_structure(self._first_replica, next(batches))
                 break
@@ -63,7 +63,7 @@ class MultiWorkerFit:
 
     def get_metrics_result(self):
         results = super().get_metrics_result()
-        if not tf.distribute.in_cross_replica_context() and _multi_worker(tf.distribute.get_strategy()):
+        if not tf.distribute.in_cross_replica_context() and spans_workers(tf.distribute.get_strategy()):
             # Inside a step: a vector of one element, for Keras' reduce along axis 0.
             results = {name: tf.reshape(value, [1]) for name, value in results.items()}
         return results

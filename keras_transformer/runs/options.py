@@ -31,6 +31,7 @@ _HOW_TRAINING_RUNS = {
     "strategy": "auto",
     "cpu_replicas": None,
     "cluster_timeout": 300,
+    "save_every_steps": None,
     "precision": "float32",
     "jit_compile": False,
     "seed": 0,
@@ -213,6 +214,8 @@ OPTIONS = (
            "a cluster, else mirrored over several GPUs)", choices=("auto", "mirrored", "multi-worker", "none")),
     Option("training", "cpu_replicas", int, "split the CPU into N devices for MirroredStrategy", metavar="N"),
     Option("training", "cluster_timeout", int, "seconds a worker waits for the rest of its cluster", metavar="SECONDS"),
+    Option("training", "save_every_steps", int, "back the training state up every N steps too, not only after "
+           "each epoch (a kill loses at most N steps)", metavar="N"),
     Option("training", "precision", help="float32, or mixed precision",
            choices=("float32", "mixed_float16", "mixed_bfloat16")),
     Option("training", "jit_compile", bool, "compile the training step with XLA", tasks=_TRANSLATION),

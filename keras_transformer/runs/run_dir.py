@@ -7,7 +7,7 @@
       labels.txt       a classifier's class names, one a line, in label-id order
       model.keras      the trained model (the best validation checkpoint)
       checkpoints/     best.weights.h5, updated during training
-      backup/          BackupAndRestore: a killed run resumes where it stopped
+      backup/          the training state (training.TrainingBackup): a killed run resumes where it stopped
       logs/            TensorBoard (train/, validation/, samples/, embeddings/)
       history.csv      one row per epoch
       metrics.json     what training and evaluation measured, merged section by section
@@ -27,7 +27,6 @@ import shutil
 import tempfile
 import time
 
-import h5py
 import keras
 
 from keras_transformer import saving, text, training
@@ -55,7 +54,9 @@ RUN_FILES = (CONFIG, VOCAB, LABELS, MODEL, CHECKPOINTS, BACKUP, LOGS, HISTORY, M
 # Settings a trained run may be given anew when it is continued: how long it
 # trains, what it logs, how it is evaluated. Any other change needs a new run.
 CONTINUABLE_SETTINGS = {
-    "training": ("epochs", "attention_samples", "bleu_samples", "projector_samples", "cluster_timeout"),
+    "training": (
+        "epochs", "attention_samples", "bleu_samples", "projector_samples", "cluster_timeout", "save_every_steps",
+    ),
     "evaluation": None,
 }
 
@@ -111,16 +112,19 @@ def load_config(run_dir, defaults):
 class RunState:
     """Where a run directory stands, read from its files before training.
 
-    `epochs_done`: epochs trained (from the backup written after each epoch);
-    `finished`: those epochs reach the configured number, or early stopping
+    `epochs_done`: epochs trained (from the backup); `batches_done`: batches
+    of the next epoch trained before the run stopped (a backup written during
+    an epoch, `--save-every-steps` or SIGTERM); `finished`: those epochs reach the configured number, or early stopping
     ended the run; `best_so_far`: the best monitored value of those epochs
     (from `history.csv`), so a continued run keeps a better checkpoint.
     """
 
     def __init__(self, run_dir, config):
         monitor = config["training"].get("monitor", "val_loss")
-        self.epochs_done = _epochs_done(run_dir)
-        self.trained = self.epochs_done > 0 or any(
+        backup = training.read_backup(path(run_dir, BACKUP))
+        self.epochs_done = backup.epochs_done if backup else len(_history_rows(run_dir))
+        self.batches_done = backup.batches_done if backup else 0
+        self.trained = self.epochs_done > 0 or self.batches_done > 0 or any(
             os.path.exists(path(run_dir, name)) for name in (MODEL, BEST_CHECKPOINT)
         )
         metrics = read_metrics(run_dir)
@@ -260,34 +264,6 @@ def _continued_config(saved, requested):
     return config
 
 
-def _epochs_done(run_dir):
-    """Epochs trained so far: the backup's count (validated), else the rows of `history.csv`."""
-    metadata = path(run_dir, BACKUP, "training_metadata.json")
-    if os.path.exists(metadata):
-        weights = path(run_dir, BACKUP, "latest.weights.h5")
-        if not _readable_h5(weights):
-            # Killed while writing the backup: Keras falls back to the one before it.
-            previous = weights + ".bkp"
-            if not _readable_h5(previous):
-                raise saving.DamagedFileError(
-                    f"{weights} is damaged and there is no earlier backup to resume from; "
-                    "pass --overwrite to start the run over"
-                )
-            shutil.copyfile(previous, weights)
-            if os.path.exists(metadata + ".bkp"):
-                shutil.copyfile(metadata + ".bkp", metadata)
-        return int(saving.read_json(metadata)["epoch"])
-    return len(_history_rows(run_dir))
-
-
-def _readable_h5(file_path):
-    try:
-        with h5py.File(file_path, "r"):
-            return True
-    except OSError:
-        return False
-
-
 def _history_rows(run_dir):
     history = path(run_dir, HISTORY)
     if not os.path.exists(history):
@@ -329,6 +305,7 @@ def training_callbacks(run_dir, settings, state, epoch_variables=(), averaged_we
         averaged_weights=averaged_weights,
         epoch_variables=epoch_variables,
         best_so_far=state.best_so_far,
+        save_every_steps=settings.get("save_every_steps"),
     )
 
 
@@ -336,17 +313,33 @@ def fit(model, run_dir, state, train_dataset, fit_arguments, callbacks):
     """`model.fit` for a run in `state`, then finish: the best checkpoint becomes `model.keras`.
 
     The run resumes where it stopped and its history keeps each epoch once.
-    Returns the training part of the metrics (epochs, time, `final` values);
-    the model ends with the best checkpoint's weights, as `model.keras` holds them.
+    On SIGTERM, `training.TrainingInterrupted` comes out of here after the
+    state is saved, and the run is not finished. Returns the training part
+    of the metrics (epochs, time, `final` values); the model ends with the
+    best checkpoint's weights, as `model.keras` holds them.
     """
     _keep_history_of_done_epochs(run_dir, state.epochs_done)
     started = time.time()
-    history = model.fit(train_dataset, shuffle=False, callbacks=callbacks, **fit_arguments)  # the pipeline shuffles
+    history = {}
+    if state.batches_done:
+        # Stopped in the middle of an epoch: first the rest of it, its first
+        # batches skipped (in the same order: the data's order is set by the
+        # epoch), in a fit of its own that stops after it, so that Keras counts
+        # that epoch's batches right; then the epochs after it.
+        rest = dict(fit_arguments)
+        if rest.get("steps_per_epoch"):
+            rest["steps_per_epoch"] -= state.batches_done
+        stop_after_it = keras.callbacks.LambdaCallback(on_epoch_end=lambda *_: setattr(model, "stop_training", True))
+        history = _fit(model, train_dataset.skip(state.batches_done), rest, callbacks + [stop_after_it])
+
+    def stopped_early():
+        return any(isinstance(each, keras.callbacks.EarlyStopping) and each.stopped_epoch > 0 for each in callbacks)
+
+    if not history or (not stopped_early() and history["epoch"][-1] + 1 < fit_arguments["epochs"]):
+        for name, values in _fit(model, train_dataset, fit_arguments, callbacks).items():
+            history[name] = history.get(name, []) + values
     seconds = time.time() - started
-    epochs_run = len(history.epoch)
-    stopped_early = any(
-        isinstance(callback, keras.callbacks.EarlyStopping) and callback.stopped_epoch > 0 for callback in callbacks
-    )
+    epochs_run = len(history.get("epoch", []))
     best = path(run_dir, BEST_CHECKPOINT)
     if os.path.exists(best):
         saving.load_weights(model, best)
@@ -354,13 +347,19 @@ def fit(model, run_dir, state, train_dataset, fit_arguments, callbacks):
     epochs_done = state.epochs_done + epochs_run
     return {
         "epochs_done": epochs_done,
-        "stopped_early_after": epochs_done if stopped_early else None,
+        "stopped_early_after": epochs_done if stopped_early() else None,
         "epochs_this_session": epochs_run,
         "seconds_this_session": round(seconds, 1),
         "seconds_per_epoch": round(seconds / max(epochs_run, 1), 1),
         "parameters": model.count_params(),
-        "final": {key: float(values[-1]) for key, values in history.history.items()} if epochs_run else {},
+        "final": {key: float(values[-1]) for key, values in history.items() if key != "epoch"} if epochs_run else {},
     }
+
+
+def _fit(model, train_dataset, fit_arguments, callbacks):
+    """`model.fit`; its history as `{"epoch": [...], metric: [...]}`."""
+    history = model.fit(train_dataset, shuffle=False, callbacks=callbacks, **fit_arguments)  # the pipeline shuffles
+    return {"epoch": list(history.epoch), **history.history}
 
 
 def nothing_to_train(run_dir, state):

@@ -1,5 +1,6 @@
 """Training: schedule, loss, metrics, strategy and precision, callbacks."""
 
+from keras_transformer.training.backup import TrainingBackup, TrainingInterrupted, read_backup
 from keras_transformer.training.callbacks import AveragedWeights, EpochSeeds, LearningRateLogger, training_callbacks
 from keras_transformer.training.distribution import (
     PRECISIONS,
@@ -27,10 +28,13 @@ __all__ = [
     "PRECISIONS",
     "Perplexity",
     "STRATEGIES",
+    "TrainingBackup",
+    "TrainingInterrupted",
     "cluster_addresses",
     "is_chief",
     "local_cluster",
     "multi_worker_strategy",
+    "read_backup",
     "TransformerSchedule",
     "build_optimizer_variables",
     "make_strategy",

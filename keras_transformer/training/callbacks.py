@@ -4,6 +4,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_transformer.training.backup import TrainingBackup, seed_generator_states
+
 
 class LearningRateLogger(keras.callbacks.Callback):
     """Puts the current learning rate into the epoch logs (and so into TensorBoard)."""
@@ -31,10 +33,11 @@ class AveragedWeights(keras.callbacks.SwapEMAWeights):
     last checkpoints for this reason (section 6.1).
 
     Put it before the callbacks that should see the average (as
-    `training_callbacks(..., averaged_weights=True)` does). A run resumed by
-    `BackupAndRestore` goes on exactly, provided the backup was written at an
-    epoch's end (its default `save_freq="epoch"`, as in `training_callbacks`):
-    such a backup holds the average in the model's place.
+    `training_callbacks(..., averaged_weights=True)` does). A run resumed
+    from a backup (`TrainingBackup`, or Keras' `BackupAndRestore` with its
+    default `save_freq="epoch"`) goes on exactly: a backup written at an
+    epoch's end holds the average in the model's place, one written during
+    an epoch the trained weights.
 
     Example:
     >>> model.compile(optimizer=transformer_optimizer(128, ema_momentum=0.998), loss=...)
@@ -49,10 +52,11 @@ class AveragedWeights(keras.callbacks.SwapEMAWeights):
         self._first_epoch_of_fit = True
 
     def on_epoch_begin(self, epoch, logs=None):
-        # BackupAndRestore tells fit which epoch it restored by setting the
-        # model's initial epoch; a fit merely started at a later epoch does not.
+        # A backup tells fit which epoch it restored by setting the model's
+        # initial epoch; a fit merely started at a later epoch does not.
         restored = getattr(self.model, "_initial_epoch", None)
-        if self._first_epoch_of_fit and epoch > 0 and restored == epoch:
+        mid_epoch = getattr(self.model, "_resumed_mid_epoch", False)
+        if self._first_epoch_of_fit and epoch > 0 and restored == epoch and not mid_epoch:
             # Resumed from a backup written at the end of the previous epoch,
             # with the average in the model and the trained weights in the
             # average's place: swapping them back resumes training exactly.
@@ -93,11 +97,7 @@ class EpochSeeds(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         if self._initial_states is None:  # the states as the model was built, before any draw
-            self._initial_states = [
-                (variable, np.array(ops.convert_to_numpy(variable.value)))
-                for variable in self.model.non_trainable_variables
-                if variable.path.endswith("seed_generator_state")
-            ]
+            self._initial_states = seed_generator_states(self.model)
 
     def on_epoch_begin(self, epoch, logs=None):
         for variable in self.epoch_variables:
@@ -118,11 +118,12 @@ def training_callbacks(
     averaged_weights=False,
     epoch_variables=(),
     best_so_far=None,
+    save_every_steps=None,
 ):
     """The standard set: checkpoint the best model, resume after a kill, log, stop on NaN.
 
-    Writes the best weights to `checkpoint_path`, `backup_dir`
-    (BackupAndRestore), one CSV row per epoch to `history_path` and, with a
+    Writes the best weights to `checkpoint_path`, the training state to
+    `backup_dir` (`TrainingBackup`), one CSV row per epoch to `history_path` and, with a
     `log_dir`, TensorBoard logs (loss, accuracy, perplexity, learning rate).
     A run directory names these paths (`keras_transformer.runs.run_dir`).
     "Best" and early stopping follow `monitor` (lower is better for a loss,
@@ -131,9 +132,9 @@ def training_callbacks(
     weights' average.
 
     A run can be resumed, and its result is the same as if it had never
-    stopped: the backup is written at the end of every epoch (and the one
-    before it kept, should the newest be damaged by a kill while writing
-    it); `EpochSeeds` makes every epoch's dropout and data order
+    stopped: the backup is written at the end of every epoch (and every
+    `save_every_steps` steps; on SIGTERM too), whole or not at all;
+    `EpochSeeds` makes every epoch's dropout and data order
     (`epoch_variables`) depend only on the seed and the epoch; and
     `best_so_far`, the best `monitor` value of the epochs already trained,
     keeps a resumed run from replacing the best checkpoint with a worse one.
@@ -152,8 +153,9 @@ def training_callbacks(
             save_weights_only=True,
             initial_value_threshold=best_so_far,
         ),
-        keras.callbacks.BackupAndRestore(backup_dir, double_checkpoint=True, delete_checkpoint=False),
         keras.callbacks.CSVLogger(history_path, append=True),
+        # After the history row: a kill between the two retrains the epoch, never skips it.
+        TrainingBackup(backup_dir, save_every_steps),
     ]
     if log_dir:
         callbacks.append(keras.callbacks.TensorBoard(log_dir, update_freq="epoch"))
