@@ -250,17 +250,25 @@ def test_a_damaged_checkpoint_backup_or_export_is_named_in_one_line(trained, tmp
     status, lines = run_command("translate", run, "Der Hund.", capsys=capsys)
     assert_one_line_naming(status, lines, run / "checkpoints" / "best.weights.h5", "is not a readable weights file")
 
-    # Killed while writing its backup: the one before it is used; with both damaged, a clear line.
+    # A backup is replaced whole, so only a damaged disk damages it: a clear line.
     backup = run / "backup"
-    shutil.copyfile(backup / "latest.weights.h5", backup / "latest.weights.h5.bkp")  # as after a second epoch
-    shutil.copyfile(backup / "training_metadata.json", backup / "training_metadata.json.bkp")
-    truncate(run / "backup" / "latest.weights.h5")
-    resumable = run_dir.RunState(str(run), translation.load_config(str(run)))
-    assert resumable.epochs_done == 1  # the earlier backup took its place
-    truncate(run / "backup" / "latest.weights.h5")
-    truncate(run / "backup" / "latest.weights.h5.bkp")
+    state = json.loads((backup / "state.json").read_text())
+    assert run_dir.RunState(str(run), translation.load_config(str(run))).epochs_done == state["epoch"]
+    weights = backup / state["weights"]
+    shutil.copyfile(weights, tmp_path / "whole.weights.h5")
+    truncate(weights)
     status, lines = run_command("train", *SMALL_RUN, "--out", run, capsys=capsys)
-    assert_one_line_naming(status, lines, run / "backup" / "latest.weights.h5", "no earlier backup")
+    assert_one_line_naming(status, lines, weights, "is damaged")
+    # A backup in the layout of Keras' BackupAndRestore (runs made before TrainingBackup) is read,
+    # the copy Keras keeps of the one before taking the place of a damaged one.
+    shutil.rmtree(backup)
+    backup.mkdir()
+    shutil.copyfile(tmp_path / "whole.weights.h5", backup / "latest.weights.h5.bkp")
+    (backup / "training_metadata.json.bkp").write_text(json.dumps({"epoch": 1, "batch": 0}))
+    (backup / "latest.weights.h5").write_bytes(b"half a file")
+    (backup / "training_metadata.json").write_text(json.dumps({"epoch": 2, "batch": 0}))
+    resumable = run_dir.RunState(str(run), translation.load_config(str(run)))
+    assert (resumable.epochs_done, resumable.batches_done) == (1, 0)
 
     for part in ("saved_model.pb", "variables/variables.data-00000-of-00001"):
         export = tmp_path / part.split("/")[0] / "1"

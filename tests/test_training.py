@@ -147,6 +147,26 @@ def test_two_replicas_give_the_single_device_loss_and_gradients(mirrored_strateg
     assert max(np.abs(g).max() for g in single_gradients) > 1e-3  # a real step was taken
 
 
+def test_the_loss_is_exact_under_two_replicas_for_a_model_without_a_keras_mask(mirrored_strategy):
+    # Keras' own reduction divides a replica's loss by the number of replicas only when the
+    # model's output carries a mask; ours does not depend on it: the logged loss and the
+    # trained weights are a single device's.
+    rng = np.random.default_rng(0)
+    tokens, labels = rng.integers(1, 30, (64, 6)), rng.integers(0, 40, (64, 6))  # label 0: padding
+    results = []
+    for strategy in (tf.distribute.get_strategy(), mirrored_strategy):
+        with strategy.scope():
+            keras.utils.set_random_seed(0)
+            model = keras.Sequential([keras.Input((6,)), keras.layers.Embedding(30, 8), keras.layers.Dense(40)])
+            model.compile(optimizer=keras.optimizers.SGD(0.5), loss=training.MaskedSparseCrossEntropy(0.1))
+        history = model.fit(tf.data.Dataset.from_tensor_slices((tokens, labels)).batch(16), epochs=2, verbose=0)
+        results.append((history.history["loss"], model.get_weights()))
+    (single_loss, single_weights), (mirrored_loss, mirrored_weights) = results
+    np.testing.assert_allclose(mirrored_loss, single_loss, rtol=1e-5)
+    for single, mirrored in zip(single_weights, mirrored_weights):
+        np.testing.assert_allclose(mirrored, single, atol=1e-5)
+
+
 def test_strategy_and_precision_names():
     assert training.make_strategy("none").num_replicas_in_sync == 1
     with pytest.raises(ValueError, match="strategy must be one of"):

@@ -12,10 +12,14 @@ over real tokens: a batch of long sentences and one of short ones weigh each
 token the same.
 
 **Under tf.distribute** each replica sees part of the global batch, with its
-own count of real tokens. Keras scales each replica's loss by
-1 / num_replicas and sums the gradients; dividing each replica's token sum by
-the *global* token count (and undoing Keras' scaling) makes the summed
-gradient exactly the gradient of the global per-token mean, as on one device.
+own count of real tokens, and the gradients of the replicas' losses are
+summed. Each replica's loss is its token sum divided by the *global* token
+count: the summed gradient is exactly the gradient of the global per-token
+mean, as on one device. Keras expects a replica's loss in just that form
+(its share, which it multiplies by the number of replicas to log it), so
+the loss bypasses Keras' own reduction, which would divide by the number of
+replicas again, or not, depending on whether the model's output carries a
+Keras mask.
 """
 
 import keras
@@ -108,14 +112,18 @@ class MaskedSparseCrossEntropy(keras.losses.Loss):
         self.label_smoothing = label_smoothing
         self.padding_id = padding_id
 
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        # The padding labels are the mask, and the value is already this
+        # replica's share: no Keras reduction (see the module's docstring).
+        if sample_weight is not None:
+            raise ValueError("MaskedSparseCrossEntropy weighs tokens by their labels; it takes no sample_weight")
+        with keras.name_scope(self.name):
+            return self.call(ops.convert_to_tensor(y_true), ops.convert_to_tensor(y_pred))
+
     def call(self, y_true, y_pred):
         per_token = token_cross_entropy(y_true, y_pred, self.label_smoothing)
         real = ops.cast(ops.not_equal(y_true, self.padding_id), "float32")
-        total = ops.sum(per_token * real)
-        count = _global_token_count(real)
-        replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        # Keras multiplies by 1 / replicas before summing gradients: cancel it.
-        return total * replicas / ops.maximum(count, 1.0)
+        return ops.sum(per_token * real) / ops.maximum(_global_token_count(real), 1.0)
 
     def get_config(self):
         config = super().get_config()
