@@ -4,12 +4,14 @@
 
 The "small" model (d_model 256, 3 + 3 layers) trains with `fit` on fixed
 global batches of 64 x 32 x 32 tokens (mixed bfloat16), first in one
-process using both cores, then as two worker processes on 127.0.0.1, each
+process using both cores, then in one process using one core, then as two
+worker processes on 127.0.0.1, each
 pinned to one core (`os.sched_setaffinity`) and one thread pool of one
 thread, all-reducing the gradients over gRPC. Target tokens per second of
 the global batch, after the first steps (tracing). The ideal ratio is 1.0:
-the same cores doing the same arithmetic, plus the all-reduce. Prints one
-JSON line; BENCHMARKS.md has the figures.
+the same cores doing the same arithmetic, plus the all-reduce. The workers
+then time one step's all-reduce alone (tensors shaped like the gradients).
+Prints one JSON line; BENCHMARKS.md has the figures.
 """
 
 import argparse
@@ -28,7 +30,9 @@ def train(steps, cores, strategy_name):
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(len(cores))
-    tf.config.threading.set_inter_op_parallelism_threads(len(cores))
+    # Two inter-op threads at least: a worker with one cannot run the
+    # all-reduce's sends and receives beside the step (half the throughput).
+    tf.config.threading.set_inter_op_parallelism_threads(max(2, len(cores)))
     import keras
     import numpy as np
 
@@ -52,15 +56,43 @@ def train(steps, cores, strategy_name):
     clock = Clock()
     model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[clock])
     seconds = time.perf_counter() - clock.started
-    return BATCH * LENGTH * (steps - WARMUP_STEPS) / seconds, model.count_params()
+    result = {
+        "tokens_per_s": BATCH * LENGTH * (steps - WARMUP_STEPS) / seconds,
+        "step_ms": 1000 * seconds / (steps - WARMUP_STEPS),
+        "parameters": model.count_params(),
+    }
+    if strategy_name == "multi-worker":
+        result["all_reduce_ms"] = all_reduce_milliseconds(strategy, model)
+    return result
+
+
+def all_reduce_milliseconds(strategy, model, repeats=10):
+    """One step's all-reduce alone: tensors shaped like the gradients, summed across the workers."""
+    import tensorflow as tf
+
+    gradients = [tf.ones(variable.shape, "float32") for variable in model.trainable_variables]
+
+    @tf.function
+    def all_reduce():
+        return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce("SUM", gradients))
+
+    all_reduce()  # tracing
+    started = time.perf_counter()
+    for _ in range(repeats):
+        all_reduce()
+    return 1000 * (time.perf_counter() - started) / repeats
 
 
 def in_processes(steps):
     """The two measurements, each in fresh processes (TensorFlow fixes its threads when it starts)."""
     me = [sys.executable, __file__, "--steps", str(steps), "--role"]
     environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    alone = json.loads(subprocess.run([*me, "alone"], env=environment, capture_output=True, text=True,
-                                      check=True).stdout.splitlines()[-1])
+    def run_alone(role):
+        return json.loads(subprocess.run([*me, role], env=environment, capture_output=True, text=True,
+                                         check=True).stdout.splitlines()[-1])
+
+    alone = run_alone("alone")
+    one_core = run_alone("alone-one-core")
     from keras_transformer.training.distribution import local_cluster
 
     workers = [
@@ -73,8 +105,12 @@ def in_processes(steps):
     gradient_megabytes = two["parameters"] * 4 / 1e6
     print(json.dumps({
         "one_process_two_cores_tokens_per_s": round(alone["tokens_per_s"]),
+        "one_process_one_core_tokens_per_s": round(one_core["tokens_per_s"]),
         "two_workers_one_core_each_tokens_per_s": round(two["tokens_per_s"]),
         "ratio": round(two["tokens_per_s"] / alone["tokens_per_s"], 3),
+        "ratio_to_twice_one_core": round(two["tokens_per_s"] / (2 * one_core["tokens_per_s"]), 3),
+        "step_ms": round(two["step_ms"], 1),
+        "all_reduce_ms": round(two["all_reduce_ms"], 1),
         "parameters": two["parameters"],
         "gradient_megabytes_per_step": round(gradient_megabytes, 1),
         "steps": steps,
@@ -84,13 +120,13 @@ def in_processes(steps):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--role", choices=["alone", "worker0", "worker1"])
+    parser.add_argument("--role", choices=["alone", "alone-one-core", "worker0", "worker1"])
     arguments = parser.parse_args()
     if arguments.role is None:
         return in_processes(arguments.steps)
-    cores = [0, 1] if arguments.role == "alone" else [int(arguments.role[-1])]
-    tokens_per_s, parameters = train(arguments.steps, cores, "none" if arguments.role == "alone" else "multi-worker")
-    print(json.dumps({"tokens_per_s": tokens_per_s, "parameters": parameters}))
+    cores = {"alone": [0, 1], "alone-one-core": [0], "worker0": [0], "worker1": [1]}[arguments.role]
+    strategy = "multi-worker" if arguments.role.startswith("worker") else "none"
+    print(json.dumps(train(arguments.steps, cores, strategy)))
 
 
 if __name__ == "__main__":
