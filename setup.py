@@ -11,6 +11,8 @@ setup(
     long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["keras_transformer", "keras_transformer.*"]),
+    # The attention explorer's page, served by the TensorBoard plugin and inlined by `plot-attention --html`.
+    package_data={"keras_transformer.tensorboard_plugin": ["static/*.js", "static/*.css"]},
     python_requires=">=3.10",
     install_requires=[
         "tensorflow~=2.21.0",
@@ -24,12 +26,16 @@ setup(
     extras_require={
         # The gRPC client of examples/serving_client.py.
         "serving": ["tensorflow-serving-api~=2.21.0"],
-        "dev": ["pytest>=8", "pytest-xdist", "tensorflow-serving-api~=2.21.0"],
+        # playwright drives Debian's chromium in the attention explorer's test (no browser download).
+        "dev": ["pytest>=8", "pytest-xdist", "tensorflow-serving-api~=2.21.0", "playwright"],
         # `make bench`: the keras-hub contender, and PyTorch's nn.Transformer.
         "bench": ["keras-hub>=0.20"],
         "bench-torch": ["torch>=2.4"],
     },
-    entry_points={"console_scripts": ["keras-transformer=keras_transformer.cli:main"]},
+    entry_points={
+        "console_scripts": ["keras-transformer=keras_transformer.cli:main"],
+        "tensorboard_plugins": ["attention = keras_transformer.tensorboard_plugin.plugin:AttentionPlugin"],
+    },
     classifiers=[
         "Programming Language :: Python :: 3",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",

@@ -5,8 +5,10 @@ validation pairs: a heatmap grid per layer (one panel per head) of the
 encoder self-attention, the decoder self-attention and the cross-attention
 of the model's current greedy translation, labelled with the tokens; a text
 summary with the source, the reference and that translation; and the
-validation BLEU on a larger sample as a scalar. Open them with
-`tensorboard --logdir RUN_DIR/logs` (Images, Text and Scalars tabs).
+validation BLEU on a larger sample as a scalar; and the attention weights
+themselves, which the Attention tab draws (`keras_transformer.tensorboard_plugin`:
+point at a word, compare heads, step through the epochs). Open them with
+`tensorboard --logdir RUN_DIR/logs` (Attention, Images, Text and Scalars tabs).
 
 `EmbeddingProjectorLogger` watches a classifier: each epoch it writes the
 pooled ([CLS]) sentence embeddings of a fixed validation sample for
@@ -23,7 +25,17 @@ import tensorflow as tf
 
 from keras_transformer.evaluation import translation_scores
 from keras_transformer.inference import Translator
-from keras_transformer.models.attention_maps import KINDS, parse_attention_map_name, queries_and_keys
+from keras_transformer.models.attention_maps import (
+    ENCODER,
+    ENCODER_STACK,
+    KINDS,
+    TOKEN_SIDES,
+    attention_map_name,
+    parse_attention_map_name,
+    queries_and_keys,
+    stack_attention_maps,
+)
+from keras_transformer.tensorboard_plugin.summaries import write_sample
 from keras_transformer.visualization import figure_to_png, plot_attention
 
 
@@ -116,10 +128,19 @@ class AttentionMapLogger(keras.callbacks.Callback):
             f"| | |\n|---|---|\n| source | {source} |\n| reference | {reference} |\n"
             f"| model (greedy) | {result['translation']} |",
         )
+        chosen = []
         for name, attention in result["attention"].items():
             kind, layer = parse_attention_map_name(name)
-            if kind not in self.kinds or (self.layers is not None and layer not in self.layers):
-                continue
+            if kind in self.kinds and (self.layers is None or layer in self.layers):
+                chosen.append((kind, layer, attention))
+        # The weights themselves, for the Attention tab (every head: the page chooses).
+        write_sample(
+            index,
+            {"source": source, "reference": reference, "translation": result["translation"]},
+            {"source": result["source_tokens"], "target": result["target_tokens"]},
+            [(kind, layer, *TOKEN_SIDES[kind], attention) for kind, layer, attention in chosen],
+        )
+        for kind, layer, attention in chosen:
             queries, keys = queries_and_keys(kind, result["source_tokens"], result["target_tokens"])
             figure = plot_attention(
                 attention, queries, keys, heads=self.heads, title=f"sample {index}: {kind} attention, layer {layer}"
@@ -240,6 +261,71 @@ class EmbeddingProjectorLogger(keras.callbacks.Callback):
             for name, (points, method) in images.items():
                 png = _scatter_png(points, self.labels, f"{method} of sentence embeddings, epoch {step}")
                 tf.summary.image(f"embeddings/{name}", tf.io.decode_png(png, channels=4)[None])
+        self._writer.flush()
+
+
+class ClassifierAttentionLogger(keras.callbacks.Callback):
+    """A classifier's [CLS] attention over a few sentences, for the Attention tab, every epoch.
+
+    With "cls" pooling, the label is read from the final state of [CLS], and
+    [CLS] gathers the sentence through its row of each layer's
+    self-attention: that row shows which words the label was made of. For
+    each sentence and epoch this writes the row of every layer and head, the
+    sentence's tokens, its label and the model's prediction
+    (`keras_transformer.tensorboard_plugin.summaries`, kind "cls").
+
+    Args:
+        token_ids: `(n, length)` ids of the sentences as the model is fed
+            ([CLS] first, padding 0).
+        texts, labels: the sentences and their integer labels.
+        tokenizer: the run's `WordPieceTokenizer` (for the tokens' strings).
+        log_dir: where to write (`RUN_DIR/logs/samples`, say).
+        class_names: label names; default the label numbers.
+
+    Example:
+    >>> ids = tokenizer.tokenize_with_cls(tf.constant(texts), 128).numpy()
+    >>> model.fit(..., callbacks=[ClassifierAttentionLogger(ids, texts, labels, tokenizer, "run/logs/samples")])
+    """
+
+    def __init__(self, token_ids, texts, labels, tokenizer, log_dir, class_names=None):
+        super().__init__()
+        self.token_ids = np.asarray(token_ids)
+        self.texts = [str(text) for text in texts]
+        self.labels = [int(label) for label in labels]
+        if not len(self.token_ids) == len(self.texts) == len(self.labels) or not self.texts:
+            raise ValueError("token_ids, texts and labels must describe the same (non-empty) sentences")
+        self.tokenizer = tokenizer
+        self.log_dir = log_dir
+        self.class_names = list(class_names) if class_names else None
+        self._writer = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.log(step=epoch + 1)
+
+    def _name(self, label):
+        return self.class_names[label] if self.class_names else str(label)
+
+    def log(self, step):
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.log_dir)
+        _, scores = self.model.encoder(self.token_ids, training=False, return_attention_scores=True)
+        scores = stack_attention_maps(ENCODER_STACK, scores)
+        predictions = np.argmax(keras.ops.convert_to_numpy(self.model(self.token_ids, training=False)), axis=-1)
+        with self._writer.as_default(step=step):
+            for index, (ids, text, label) in enumerate(zip(self.token_ids, self.texts, self.labels)):
+                length = int(np.count_nonzero(ids))
+                tokens = [token.decode("utf-8") for token in self.tokenizer.id_to_token(ids[:length]).numpy()]
+                maps = [
+                    ("cls", layer, "cls", "sentence",
+                     keras.ops.convert_to_numpy(scores[attention_map_name(ENCODER, layer)])[index, :, :1, :length])
+                    for layer in range(len(scores))
+                ]
+                write_sample(
+                    index,
+                    {"text": text, "label": self._name(label), "prediction": self._name(int(predictions[index]))},
+                    {"cls": tokens[:1], "sentence": tokens},
+                    maps,
+                )
         self._writer.flush()
 
 

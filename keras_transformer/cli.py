@@ -122,10 +122,19 @@ def build_parser():
     )
     export.set_defaults(handler=_export)
 
-    plot = commands.add_parser("plot-attention", help="translate a sentence and save its attention heatmaps (PNG)")
-    plot.add_argument("run_dir")
-    plot.add_argument("sentence")
-    plot.add_argument("--out", required=True, help="the PNG to write")
+    plot = commands.add_parser(
+        "plot-attention", help="translate a sentence and save its attention: heatmaps (PNG), or the explorer (HTML)"
+    )
+    plot.add_argument("run_dir", nargs="?", help="the run directory (omit with --saved-model)")
+    plot.add_argument("sentence", nargs="?")
+    plot.add_argument("--out", help="the PNG to write: one layer's heatmaps, a panel per head")
+    plot.add_argument(
+        "--html", metavar="FILE",
+        help="the HTML to write: every map in the interactive explorer, one self-contained file",
+    )
+    plot.add_argument(
+        "--saved-model", metavar="EXPORT", help="with --html: the cross-attention an export computes"
+    )
     plot.add_argument("--kind", choices=["cross", "decoder_self", "encoder"], default="cross")
     plot.add_argument("--layer", type=int, help="default: the last")
     plot.add_argument("--heads", type=int, nargs="+", help="default: all")
@@ -315,15 +324,28 @@ def _export(arguments):
 
 
 def _plot_attention(arguments):
-    _task_of(arguments.run_dir, "plot-attention", (options.TRANSLATION,))
+    if not (arguments.out or arguments.html):
+        raise ValueError("plot-attention needs --out FILE.png, --html FILE.html, or both")
     from keras_transformer.runs import translation
 
-    sentence = translation.plot_attention(
-        arguments.run_dir, arguments.sentence, arguments.out, kind=arguments.kind, layer=arguments.layer,
-        beam_size=arguments.beam_size, heads=arguments.heads,
-    )
-    print(sentence)
-    print(f"attention map: {arguments.out}")
+    if arguments.saved_model:
+        # No run directory with an export: the positional is the sentence.
+        sentence = arguments.sentence or arguments.run_dir
+        if arguments.out or arguments.sentence:
+            raise ValueError("with --saved-model, give one sentence and --html (an export's PNG: use its run)")
+        translated = translation.plot_attention_with_export(arguments.saved_model, sentence, arguments.html)
+    else:
+        if not (arguments.run_dir and arguments.sentence):
+            raise ValueError("plot-attention needs a run directory and a sentence (or --saved-model EXPORT)")
+        _task_of(arguments.run_dir, "plot-attention", (options.TRANSLATION,))
+        translated = translation.plot_attention(
+            arguments.run_dir, arguments.sentence, png=arguments.out, html=arguments.html, kind=arguments.kind,
+            layer=arguments.layer, beam_size=arguments.beam_size, heads=arguments.heads,
+        )
+    print(translated)
+    for path in (arguments.out, arguments.html):
+        if path:
+            print(f"attention: {path}")
 
 
 # -- running -----------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer import data, evaluation, models, saving, text, training
-from keras_transformer.callbacks import EmbeddingProjectorLogger
+from keras_transformer.callbacks import ClassifierAttentionLogger, EmbeddingProjectorLogger
 from keras_transformer.runs import run_dir as runs
 from keras_transformer.runs.options import CLASSIFICATION, CLASSIFICATION_DATASETS, DEFAULTS, SENTIMENT_LABELS
 
@@ -164,7 +164,20 @@ def _train(config, run_dir, verbose, overwrite):
     callbacks = runs.training_callbacks(
         run_dir, settings, state, epoch_variables=[train_epoch], averaged_weights=settings["ema_momentum"] is not None
     )
-    sample = examples["val"][: settings["projector_samples"]]
+    sample = examples["val"][: max(settings["projector_samples"], settings["attention_samples"])]
+    if settings["attention_samples"]:
+        watched = sample[: settings["attention_samples"]]
+        callbacks.append(
+            ClassifierAttentionLogger(
+                text_tokenizer.tokenize_with_cls(tf.constant([text for text, _ in watched]), max_length).numpy(),
+                [text for text, _ in watched],
+                [label for _, label in watched],
+                text_tokenizer,
+                runs.log_path(run_dir, "samples"),
+                class_names=load_class_names(run_dir),
+            )
+        )
+    sample = sample[: settings["projector_samples"]]
     if len(sample) >= 3:
         sample_texts = [example_text for example_text, _ in sample]
         callbacks.append(

@@ -14,7 +14,7 @@ import logging
 import random
 import time
 
-from keras_transformer import data, evaluation, inference, models, training
+from keras_transformer import data, evaluation, inference, models, saving, training
 from keras_transformer.runs import run_dir as runs
 from keras_transformer.runs.options import DEFAULTS, TRANSLATION, TRANSLATION_DATASETS
 
@@ -252,10 +252,12 @@ def export(run_dir, export_base, version=None, beam_size=None, length_alpha=None
     return export_translator(translator, export_base, version=version)
 
 
-def plot_attention(run_dir, sentence, path, kind="cross", layer=None, beam_size=None, heads=None):
-    """Translate `sentence` and save one layer's attention heatmaps as `path` (PNG); returns the translation."""
-    from keras_transformer.visualization import plot_attention as plot
+def plot_attention(run_dir, sentence, png=None, html=None, kind="cross", layer=None, beam_size=None, heads=None):
+    """Translate `sentence`; save one layer's heatmaps as `png` and/or every map in the explorer page `html`.
 
+    Returns the translation. The HTML file is self-contained (the attention
+    explorer of TensorBoard's Attention tab, with this sentence's weights).
+    """
     kinds = models.attention_maps.KINDS
     if kind not in kinds:
         raise ValueError(f"kind must be one of {', '.join(kinds)}, got {kind!r}")
@@ -265,16 +267,65 @@ def plot_attention(run_dir, sentence, path, kind="cross", layer=None, beam_size=
     if not 0 <= layer < num_layers:
         raise ValueError(f"layer must be between 0 and {num_layers - 1}, got {layer}")
     (result,) = translator.attention_maps([sentence])
-    query_tokens, key_tokens = models.queries_and_keys(kind, result["source_tokens"], result["target_tokens"])
-    figure = plot(
-        result["attention"][models.attention_map_name(kind, layer)],
-        query_tokens,
-        key_tokens,
-        heads=heads,
-        title=f"{kind} attention, layer {layer}: {sentence} -> {result['translation']}",
-    )
-    figure.savefig(path)
+    if png:
+        from keras_transformer.visualization import plot_attention as plot
+
+        query_tokens, key_tokens = models.queries_and_keys(kind, result["source_tokens"], result["target_tokens"])
+        figure = plot(
+            result["attention"][models.attention_map_name(kind, layer)],
+            query_tokens,
+            key_tokens,
+            heads=heads,
+            title=f"{kind} attention, layer {layer}: {sentence} -> {result['translation']}",
+        )
+        figure.savefig(png)
+    if html:
+        maps = []
+        for name, weights in result["attention"].items():
+            map_kind, map_layer = models.parse_attention_map_name(name)
+            maps.append((map_kind, map_layer, *models.attention_maps.TOKEN_SIDES[map_kind], weights))
+        tokens = {"source": result["source_tokens"], "target": result["target_tokens"]}
+        _write_explorer(html, sentence, result["translation"], tokens, maps)
     return result["translation"]
+
+
+def plot_attention_with_export(path, sentence, html):
+    """The explorer page of an export's `translate_with_attention` outputs (cross-attention) for `sentence`."""
+    import tensorflow as tf
+
+    from keras_transformer.export import load_export
+
+    outputs = load_export(path).signatures["translate_with_attention"](text=tf.constant([sentence]))
+
+    def tokens_of(name):  # padded with "" in the batch
+        return [token.decode("utf-8") for token in outputs[name].numpy()[0] if token]
+
+    tokens = {"source": tokens_of("source_tokens"), "target": tokens_of("target_tokens")}
+    attention = outputs["cross_attention"].numpy()[0]  # (layers, heads, target, source)
+    queries, keys = models.attention_maps.TOKEN_SIDES[models.attention_maps.CROSS]
+    maps = [
+        (models.attention_maps.CROSS, layer, queries, keys, weights[:, : len(tokens["target"]), : len(tokens["source"])])
+        for layer, weights in enumerate(attention)
+    ]
+    translation = outputs["translation"].numpy()[0].decode("utf-8")
+    _write_explorer(html, sentence, translation, tokens, maps)
+    return translation
+
+
+def _write_explorer(path, sentence, translation, tokens, maps):
+    from keras_transformer.tensorboard_plugin import page_data
+    from keras_transformer.visualization import explorer_html
+
+    page = page_data.sample_page(
+        "sentence", 0, 0, {"source": sentence, "translation": translation}, tokens, maps
+    )
+    document = explorer_html(page_data.embedded([page]), title=f"Attention: {sentence}")
+    saving.replace_whole(path, lambda staging: _write_text(staging, document))
+
+
+def _write_text(path, text):
+    with open(path, "w", encoding="utf-8") as file:
+        file.write(text)
 
 
 def translate_with_export(path, sentences, batch_size=64):
@@ -300,6 +351,7 @@ __all__ = [
     "load_pairs",
     "load_translator",
     "plot_attention",
+    "plot_attention_with_export",
     "tokenizers",
     "train",
     "translate",
