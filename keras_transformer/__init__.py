@@ -19,8 +19,10 @@ _LAZY = ("callbacks", "data", "evaluation", "export", "inference", "runs", "text
 # model loads with plain `keras.saving.load_model` after `import
 # keras_transformer`. The `keras-transformer` command is the exception: it
 # imports what a command needs once it runs, so that parsing arguments (and
-# `--help`) does not wait seconds for TensorFlow to start.
-if os.path.basename((getattr(sys, "argv", None) or [""])[0]) != "keras-transformer":
+# `--help`) does not wait seconds for TensorFlow to start; and so is
+# `tensorboard`, which loads the Attention tab's plugin and needs no model.
+_IMPORTS_LATER = ("keras-transformer", "tensorboard")
+if os.path.basename((getattr(sys, "argv", None) or [""])[0]) not in _IMPORTS_LATER:
     from keras_transformer import layers, models  # noqa: F401
 
 

@@ -26,12 +26,15 @@ import tensorflow as tf
 from keras_transformer.evaluation import translation_scores
 from keras_transformer.inference import Translator
 from keras_transformer.models.attention_maps import (
+    CLS_ROW,
+    CLS_ROW_SIDES,
     ENCODER,
     ENCODER_STACK,
     KINDS,
-    TOKEN_SIDES,
+    SOURCE,
+    TARGET,
     attention_map_name,
-    parse_attention_map_name,
+    maps_with_sides,
     queries_and_keys,
     stack_attention_maps,
 )
@@ -128,19 +131,19 @@ class AttentionMapLogger(keras.callbacks.Callback):
             f"| | |\n|---|---|\n| source | {source} |\n| reference | {reference} |\n"
             f"| model (greedy) | {result['translation']} |",
         )
-        chosen = []
-        for name, attention in result["attention"].items():
-            kind, layer = parse_attention_map_name(name)
-            if kind in self.kinds and (self.layers is None or layer in self.layers):
-                chosen.append((kind, layer, attention))
+        chosen = [
+            (kind, layer, queries, keys, attention)
+            for kind, layer, queries, keys, attention in maps_with_sides(result["attention"])
+            if kind in self.kinds and (self.layers is None or layer in self.layers)
+        ]
         # The weights themselves, for the Attention tab (every head: the page chooses).
         write_sample(
             index,
             {"source": source, "reference": reference, "translation": result["translation"]},
-            {"source": result["source_tokens"], "target": result["target_tokens"]},
-            [(kind, layer, *TOKEN_SIDES[kind], attention) for kind, layer, attention in chosen],
+            {SOURCE: result["source_tokens"], TARGET: result["target_tokens"]},
+            chosen,
         )
-        for kind, layer, attention in chosen:
+        for kind, layer, _, _, attention in chosen:
             queries, keys = queries_and_keys(kind, result["source_tokens"], result["target_tokens"])
             figure = plot_attention(
                 attention, queries, keys, heads=self.heads, title=f"sample {index}: {kind} attention, layer {layer}"
@@ -272,7 +275,7 @@ class ClassifierAttentionLogger(keras.callbacks.Callback):
     self-attention: that row shows which words the label was made of. For
     each sentence and epoch this writes the row of every layer and head, the
     sentence's tokens, its label and the model's prediction
-    (`keras_transformer.tensorboard_plugin.summaries`, kind "cls").
+    (`keras_transformer.tensorboard_plugin.summaries`, kind `CLS_ROW`).
 
     Args:
         token_ids: `(n, length)` ids of the sentences as the model is fed
@@ -316,14 +319,14 @@ class ClassifierAttentionLogger(keras.callbacks.Callback):
                 length = int(np.count_nonzero(ids))
                 tokens = [token.decode("utf-8") for token in self.tokenizer.id_to_token(ids[:length]).numpy()]
                 maps = [
-                    ("cls", layer, "cls", "sentence",
+                    (CLS_ROW, layer, *CLS_ROW_SIDES,
                      keras.ops.convert_to_numpy(scores[attention_map_name(ENCODER, layer)])[index, :, :1, :length])
                     for layer in range(len(scores))
                 ]
                 write_sample(
                     index,
                     {"text": text, "label": self._name(label), "prediction": self._name(int(predictions[index]))},
-                    {"cls": tokens[:1], "sentence": tokens},
+                    dict(zip(CLS_ROW_SIDES, (tokens[:1], tokens))),
                     maps,
                 )
         self._writer.flush()

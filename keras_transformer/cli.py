@@ -331,8 +331,11 @@ def _plot_attention(arguments):
     if arguments.saved_model:
         # No run directory with an export: the positional is the sentence.
         sentence = arguments.sentence or arguments.run_dir
-        if arguments.out or arguments.sentence:
-            raise ValueError("with --saved-model, give one sentence and --html (an export's PNG: use its run)")
+        if arguments.out or arguments.sentence or not sentence:
+            raise ValueError(
+                "with --saved-model, give one sentence and --html: an export gives its cross-attention "
+                "(for PNGs and the other kinds, use its run directory)"
+            )
         translated = translation.plot_attention_with_export(arguments.saved_model, sentence, arguments.html)
     else:
         if not (arguments.run_dir and arguments.sentence):

@@ -306,3 +306,27 @@ def test_averaged_weights_leave_a_fit_started_at_a_later_epoch_alone():
     for swapped, plain in zip(steps, plain_steps):
         for a, b in zip(swapped, plain):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("signalled_after_batch, stopped_at", [(1, (0, 2)), (4, (1, 0))])
+def test_sigterm_saves_after_the_step_under_way_or_at_the_epochs_end(tmp_path, signalled_after_batch, stopped_at):
+    # 5 steps an epoch. SIGTERM in the middle: the backup holds the batches done. SIGTERM
+    # in the epoch's last step: the epoch ends first (validation, history), and the backup
+    # is that of its end, never a mid-epoch one with nothing left to train.
+    import os
+    import signal
+
+    class Preempted(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if self.params and batch == signalled_after_batch and not getattr(self, "sent", False):
+                self.sent = True
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    backup = training.TrainingBackup(str(tmp_path / "backup"))
+    handler_before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(training.TrainingInterrupted, match="stopped by SIGTERM"):
+        _ema_run([Preempted(), backup], epochs=3)
+    state = training.read_backup(str(tmp_path / "backup"))
+    assert (state.epoch, state.batches_done) == stopped_at
+    assert signal.getsignal(signal.SIGTERM) == handler_before, "the SIGTERM handler was left installed"
+    assert [name for name in os.listdir(tmp_path / "backup") if name.endswith(".h5")] == [state.weights]

@@ -26,6 +26,11 @@ from keras_transformer.layers.stack import layer_name
 
 ENCODER, DECODER_SELF, CROSS = "encoder", "decoder_self", "cross"
 KINDS = (ENCODER, DECODER_SELF, CROSS)
+# A classifier's map: the [CLS] row of each layer's self-attention, its
+# single query "[CLS]" over the sentence's tokens (sides "cls" and "sentence").
+CLS_ROW = "cls"
+CLS_ROW_SIDES = ("cls", "sentence")
+SOURCE, TARGET = "source", "target"
 
 # The Keras names of a Transformer's two stacks: the first part of a map's name.
 ENCODER_STACK, DECODER_STACK = "encoder", "decoder"
@@ -41,9 +46,9 @@ _KIND_OF_PARTS = {parts: kind for kind, parts in _NAME_PARTS.items()}
 # kind -> (queries, keys): which sentence the rows and the columns belong to.
 # The decoder's queries are target positions; only cross-attention's keys are the source's.
 TOKEN_SIDES = {
-    ENCODER: ("source", "source"),
-    DECODER_SELF: ("target", "target"),
-    CROSS: ("target", "source"),
+    ENCODER: (SOURCE, SOURCE),
+    DECODER_SELF: (TARGET, TARGET),
+    CROSS: (TARGET, SOURCE),
 }
 
 
@@ -108,9 +113,23 @@ def queries_and_keys(kind, source, target):
     >>> queries, keys = queries_and_keys("cross", result["source_tokens"], result["target_tokens"])
     >>> plot_attention(result["attention"][attention_map_name("cross", 0)], queries, keys)
     """
-    values = {"source": source, "target": target}
+    values = {SOURCE: source, TARGET: target}
     queries, keys = token_sides(kind)
     return values[queries], values[keys]
+
+
+def maps_with_sides(attention):
+    """A Transformer's maps (`{name: (heads, queries, keys)}`) as `(kind, layer, queries side, keys side, weights)`.
+
+    The form the attention explorer's summaries and pages take
+    (`keras_transformer.tensorboard_plugin`), with the tokens given by side:
+    `{SOURCE: source_tokens, TARGET: target_tokens}`.
+    """
+    maps = []
+    for name, weights in attention.items():
+        kind, layer = parse_attention_map_name(name)
+        maps.append((kind, layer, *TOKEN_SIDES[kind], weights))
+    return maps
 
 
 def stack_attention_maps(stack, scores):
@@ -119,15 +138,20 @@ def stack_attention_maps(stack, scores):
 
 
 __all__ = [
+    "CLS_ROW",
+    "CLS_ROW_SIDES",
     "CROSS",
     "DECODER_SELF",
     "DECODER_STACK",
     "ENCODER",
     "ENCODER_STACK",
     "KINDS",
+    "SOURCE",
+    "TARGET",
     "TOKEN_SIDES",
     "attention_map_name",
     "attention_map_names",
+    "maps_with_sides",
     "parse_attention_map_name",
     "queries_and_keys",
     "stack_attention_maps",

@@ -122,7 +122,7 @@ class RunState:
     def __init__(self, run_dir, config):
         monitor = config["training"].get("monitor", "val_loss")
         backup = training.read_backup(path(run_dir, BACKUP))
-        self.epochs_done = backup.epochs_done if backup else len(_history_rows(run_dir))
+        self.epochs_done = backup.epoch if backup else len(_history_rows(run_dir))
         self.batches_done = backup.batches_done if backup else 0
         self.trained = self.epochs_done > 0 or self.batches_done > 0 or any(
             os.path.exists(path(run_dir, name)) for name in (MODEL, BEST_CHECKPOINT)
@@ -143,7 +143,7 @@ def start(run_dir, config, defaults, overwrite=False):
     The rules, so that a rerun never loses work nor silently ignores what it
     was asked:
     - a new directory (or an empty one) starts a run with `config`;
-    - a run that never finished an epoch (a failed start) starts again with
+    - a run that never trained a step it kept (a failed start) starts again with
       the new `config`;
     - a trained run continues with the config it saved; only its epochs (and
       what it logs and how it is evaluated) may be given anew, so `epochs`
@@ -165,7 +165,7 @@ def start(run_dir, config, defaults, overwrite=False):
         state = RunState(run_dir, saved)
         if not state.trained:
             if saved != requested:
-                logger.info("%s never finished an epoch: starting it again with the new settings", run_dir)
+                logger.info("%s never kept a trained step: starting it again with the new settings", run_dir)
                 _remove_run_files(run_dir)
                 os.makedirs(run_dir, exist_ok=True)
         else:
@@ -321,25 +321,34 @@ def fit(model, run_dir, state, train_dataset, fit_arguments, callbacks):
     _keep_history_of_done_epochs(run_dir, state.epochs_done)
     started = time.time()
     history = {}
-    if state.batches_done:
-        # Stopped in the middle of an epoch: first the rest of it, its first
-        # batches skipped (in the same order: the data's order is set by the
-        # epoch), in a fit of its own that stops after it, so that Keras counts
-        # that epoch's batches right; then the epochs after it.
-        rest = dict(fit_arguments)
-        if rest.get("steps_per_epoch"):
-            rest["steps_per_epoch"] -= state.batches_done
-        stop_after_it = keras.callbacks.LambdaCallback(on_epoch_end=lambda *_: setattr(model, "stop_training", True))
-        history = _fit(model, train_dataset.skip(state.batches_done), rest, callbacks + [stop_after_it])
-
-    def stopped_early():
-        return any(isinstance(each, keras.callbacks.EarlyStopping) and each.stopped_epoch > 0 for each in callbacks)
-
-    if not history or (not stopped_early() and history["epoch"][-1] + 1 < fit_arguments["epochs"]):
-        for name, values in _fit(model, train_dataset, fit_arguments, callbacks).items():
-            history[name] = history.get(name, []) + values
+    try:
+        if state.batches_done and state.epochs_done < fit_arguments["epochs"]:
+            # Stopped in the middle of an epoch: first the rest of it, its first
+            # batches skipped (in the same order: the data's order is set by the
+            # epoch), in a fit of its own that stops after it, because Keras
+            # takes a fit's first epoch's number of batches for all of its
+            # epochs; then the epochs after it.
+            rest = dict(fit_arguments)
+            if rest.get("steps_per_epoch"):
+                rest["steps_per_epoch"] = max(1, rest["steps_per_epoch"] - state.batches_done)
+            stop_after_it = _StopAfterOneEpoch()
+            history = _fit(model, train_dataset.skip(state.batches_done), rest, callbacks + [stop_after_it])
+            go_on = not stop_after_it.stopped_by_others and history["epoch"][-1] + 1 < fit_arguments["epochs"]
+        else:
+            go_on = True
+        if go_on:
+            for name, values in _fit(model, train_dataset, fit_arguments, callbacks).items():
+                history[name] = history.get(name, []) + values
+    finally:
+        # `fit` skips its callbacks' `on_train_end` when it fails: give SIGTERM back.
+        for callback in callbacks:
+            if isinstance(callback, training.TrainingBackup):
+                callback.stop_handling_signals()
     seconds = time.time() - started
     epochs_run = len(history.get("epoch", []))
+    stopped_early = any(
+        isinstance(callback, keras.callbacks.EarlyStopping) and callback.stopped_epoch > 0 for callback in callbacks
+    )
     best = path(run_dir, BEST_CHECKPOINT)
     if os.path.exists(best):
         saving.load_weights(model, best)
@@ -347,13 +356,21 @@ def fit(model, run_dir, state, train_dataset, fit_arguments, callbacks):
     epochs_done = state.epochs_done + epochs_run
     return {
         "epochs_done": epochs_done,
-        "stopped_early_after": epochs_done if stopped_early() else None,
+        "stopped_early_after": epochs_done if stopped_early else None,
         "epochs_this_session": epochs_run,
         "seconds_this_session": round(seconds, 1),
         "seconds_per_epoch": round(seconds / max(epochs_run, 1), 1),
         "parameters": model.count_params(),
         "final": {key: float(values[-1]) for key, values in history.items() if key != "epoch"} if epochs_run else {},
     }
+
+
+class _StopAfterOneEpoch(keras.callbacks.Callback):
+    """Ends a fit after its first epoch; notes whether another callback (early stopping, NaN) ended it."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.stopped_by_others = self.model.stop_training
+        self.model.stop_training = True
 
 
 def _fit(model, train_dataset, fit_arguments, callbacks):

@@ -280,12 +280,9 @@ def plot_attention(run_dir, sentence, png=None, html=None, kind="cross", layer=N
         )
         figure.savefig(png)
     if html:
-        maps = []
-        for name, weights in result["attention"].items():
-            map_kind, map_layer = models.parse_attention_map_name(name)
-            maps.append((map_kind, map_layer, *models.attention_maps.TOKEN_SIDES[map_kind], weights))
-        tokens = {"source": result["source_tokens"], "target": result["target_tokens"]}
-        _write_explorer(html, sentence, result["translation"], tokens, maps)
+        sides = models.attention_maps
+        tokens = {sides.SOURCE: result["source_tokens"], sides.TARGET: result["target_tokens"]}
+        _write_explorer(html, sentence, result["translation"], tokens, sides.maps_with_sides(result["attention"]))
     return result["translation"]
 
 
@@ -295,16 +292,20 @@ def plot_attention_with_export(path, sentence, html):
 
     from keras_transformer.export import load_export
 
-    outputs = load_export(path).signatures["translate_with_attention"](text=tf.constant([sentence]))
+    signatures = load_export(path).signatures
+    if "translate_with_attention" not in signatures:
+        raise ValueError(f"{path} has no translate_with_attention signature: is it a translator's export?")
+    outputs = signatures["translate_with_attention"](text=tf.constant([sentence]))
 
     def tokens_of(name):  # padded with "" in the batch
         return [token.decode("utf-8") for token in outputs[name].numpy()[0] if token]
 
-    tokens = {"source": tokens_of("source_tokens"), "target": tokens_of("target_tokens")}
+    sides = models.attention_maps
+    tokens = {sides.SOURCE: tokens_of("source_tokens"), sides.TARGET: tokens_of("target_tokens")}
     attention = outputs["cross_attention"].numpy()[0]  # (layers, heads, target, source)
-    queries, keys = models.attention_maps.TOKEN_SIDES[models.attention_maps.CROSS]
+    rows, columns = len(tokens[sides.TARGET]), len(tokens[sides.SOURCE])
     maps = [
-        (models.attention_maps.CROSS, layer, queries, keys, weights[:, : len(tokens["target"]), : len(tokens["source"])])
+        (sides.CROSS, layer, *sides.TOKEN_SIDES[sides.CROSS], weights[:, :rows, :columns])
         for layer, weights in enumerate(attention)
     ]
     translation = outputs["translation"].numpy()[0].decode("utf-8")

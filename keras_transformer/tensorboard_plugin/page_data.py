@@ -12,7 +12,13 @@ HTML file made for one sentence carries them inside
                        "weights": heads x queries x keys}]}
 """
 
+from pathlib import Path
+
 import numpy as np
+
+# The page: served by the plugin as they are, copied into an HTML file by `explorer_html`.
+STATIC = Path(__file__).resolve().parent / "static"
+SCRIPT, STYLE = "explorer.js", "explorer.css"
 
 
 def sample_page(run, sample, step, texts, tokens, maps):
@@ -23,12 +29,18 @@ def sample_page(run, sample, step, texts, tokens, maps):
             "layer": int(layer),
             "queries": list(tokens.get(queries, [])),
             "keys": list(tokens.get(keys, [])),
-            "weights": np.round(np.asarray(weights, np.float32), 4).tolist(),
+            # A diverged epoch's NaN would make the JSON unreadable: drawn as 0.
+            "weights": np.round(np.nan_to_num(np.asarray(weights, np.float32)), 4).tolist(),
         }
         for kind, layer, queries, keys, weights in maps
     ]
     entries.sort(key=lambda entry: (entry["kind"], entry["layer"]))
     return {"run": run, "sample": int(sample), "step": int(step), "texts": dict(texts), "maps": entries}
+
+
+def sample_label(texts):
+    """What the sample menu shows: the sample's first text (the source sentence, the classified text)."""
+    return next(iter(texts.values()), "") if texts else ""
 
 
 def index_sample(sample, label, steps, kinds):
@@ -47,7 +59,7 @@ def embedded(pages):
     for page in pages:
         samples = runs.setdefault(page["run"], {})
         entry = samples.setdefault(page["sample"], {"label": "", "steps": [], "kinds": {}})
-        entry["label"] = entry["label"] or next(iter(page["texts"].values()), "")
+        entry["label"] = entry["label"] or sample_label(page["texts"])
         entry["steps"].append(page["step"])
         for item in page["maps"]:
             entry["kinds"].setdefault(item["kind"], set()).add(item["layer"])

@@ -18,7 +18,6 @@ keeps every epoch.
 """
 
 import json
-from importlib import resources
 
 from tensorboard import plugin_util
 from tensorboard.backend import http_util
@@ -29,8 +28,8 @@ from werkzeug import wrappers
 from keras_transformer.tensorboard_plugin import page_data, summaries
 
 _STATIC_FILES = {
-    "/index.js": ("explorer.js", "text/javascript"),
-    "/explorer.css": ("explorer.css", "text/css"),
+    "/index.js": (page_data.SCRIPT, "text/javascript"),
+    "/explorer.css": (page_data.STYLE, "text/css"),
 }
 _STANDALONE_PAGE = (
     '<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>Attention</title><link rel="icon" href="data:,"></head>'
@@ -67,7 +66,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
     # -- the page ------------------------------------------------------------------------
 
     def _static(self, name, mimetype):
-        body = resources.files("keras_transformer.tensorboard_plugin").joinpath("static", name).read_bytes()
+        body = (page_data.STATIC / name).read_bytes()
 
         @wrappers.Request.application
         def serve(request):
@@ -104,35 +103,49 @@ class AttentionPlugin(base_plugin.TBPlugin):
     def _where(self, request):
         return plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
 
-    def _series(self, context, experiment, runs=None, tags=None):
-        """`{run: {tag: (plugin content, [TensorDatum, ...])}}` of this plugin's summaries."""
-        tag_filter = provider.RunTagFilter(runs=runs, tags=tags)
+    def _series(self, context, experiment, runs=None, wanted=lambda content: True):
+        """`{run: {tag: (plugin content, [TensorDatum, ...])}}` of this plugin's summaries whose content is `wanted`.
+
+        Only the wanted tags are read: a run's weights of every sample and
+        epoch can be large, and one request needs one sample's.
+        """
         listed = self._data_provider.list_tensors(
-            context, experiment_id=experiment, plugin_name=self.plugin_name, run_tag_filter=tag_filter
+            context, experiment_id=experiment, plugin_name=self.plugin_name,
+            run_tag_filter=provider.RunTagFilter(runs=runs),
         )
+        contents = {
+            run: {tag: summaries.map_content(series.plugin_content) for tag, series in tags.items()}
+            for run, tags in listed.items()
+        }
+        chosen = {run: [tag for tag, content in tags.items() if wanted(content)] for run, tags in contents.items()}
+        tags = sorted({tag for run_tags in chosen.values() for tag in run_tags})
         data = self._data_provider.read_tensors(
             context, experiment_id=experiment, plugin_name=self.plugin_name, downsample=_ALL_STEPS,
-            run_tag_filter=tag_filter,
-        )
+            run_tag_filter=provider.RunTagFilter(runs=list(chosen), tags=tags),
+        ) if tags else {}
         return {
-            run: {tag: (summaries.map_content(series.plugin_content), data.get(run, {}).get(tag, []))
-                  for tag, series in tags_of_run.items()}
-            for run, tags_of_run in listed.items()
+            run: {tag: (contents[run][tag], data.get(run, {}).get(tag, [])) for tag in run_tags}
+            for run, run_tags in chosen.items()
         }
 
     def index(self, context, experiment):
         """Runs, samples, steps, kinds and layers (`page_data`'s index)."""
         runs = []
-        for run, tags in sorted(self._series(context, experiment).items()):
+        # The texts give the steps and labels; the maps' kinds and layers are in their metadata alone.
+        texts_only = self._series(context, experiment, wanted=lambda content: content.get("type") == summaries.TEXTS)
+        listed = self._data_provider.list_tensors(context, experiment_id=experiment, plugin_name=self.plugin_name)
+        for run in sorted(listed):
             samples = {}
-            for content, data in tags.values():
+            for tag, series in listed[run].items():
+                content = summaries.map_content(series.plugin_content)
                 if "sample" not in content:
                     continue
                 entry = samples.setdefault(content["sample"], {"label": "", "steps": [], "kinds": {}})
-                if content.get("type") == summaries.TEXTS and data:
-                    entry["steps"] = [datum.step for datum in data]
-                    texts, _ = summaries.read_texts(data[-1].numpy)
-                    entry["label"] = next(iter(texts.values()), "")
+                if content.get("type") == summaries.TEXTS:
+                    data = texts_only.get(run, {}).get(tag, (None, []))[1]
+                    if data:
+                        entry["steps"] = [datum.step for datum in data]
+                        entry["label"] = page_data.sample_label(summaries.read_texts(data[-1].numpy)[0])
                 elif content.get("type") == summaries.ATTENTION:
                     entry["kinds"].setdefault(content["kind"], []).append(content["layer"])
             if samples:
@@ -142,9 +155,9 @@ class AttentionPlugin(base_plugin.TBPlugin):
 
     def sample(self, context, experiment, run, sample, step):
         """One sample at one step, its texts and every map with its tokens (`page_data`'s sample); None if absent."""
-        tags = self._series(context, experiment, runs=[run]).get(run, {})
+        tags = self._series(context, experiment, runs=[run], wanted=lambda content: content.get("sample") == sample)
         at_step = {}
-        for content, data in tags.values():
+        for content, data in tags.get(run, {}).values():
             if content.get("sample") == sample:
                 value = next((datum.numpy for datum in data if datum.step == step), None)
                 if value is not None:

@@ -14,12 +14,14 @@ as if nothing had happened:
 
 It writes that at the end of every epoch and, with `save_every_steps=N`,
 every N steps, so a kill loses at most N steps. On SIGTERM it writes the
-state after the step under way and stops with `TrainingInterrupted`; rerun
-the same command to resume. The data's position is the caller's part:
-resuming in the middle of an epoch, the first pass over the data must skip
-the batches already trained (`data.skip_on_first_pass(dataset,
-read_backup(backup_dir).batches_done)`), in the same order
-(`data.shuffle_each_epoch` with `EpochSeeds`).
+state after the step under way (after the epoch's end, when that step is
+the epoch's last) and stops with `TrainingInterrupted`; rerun the same
+command to resume. The data's position is the caller's part: resuming in
+the middle of an epoch, the rest of that epoch must be a `fit` of its own
+on the data with the batches already trained skipped, in the same order
+(`data.shuffle_each_epoch` with `EpochSeeds`), then the epochs after it:
+Keras takes the number of batches of a fit's first epoch for all of its
+epochs (`runs.run_dir.fit` does this).
 
 The backup is a weights file and `state.json` naming it. A new backup
 writes a new weights file, then replaces `state.json` in one rename: a
@@ -33,12 +35,14 @@ Across machines (`MultiWorkerMirroredStrategy`) every worker writes its
 backup (only the chief's is kept, see `runs.run_dir.written_by_this_process`),
 and a SIGTERM received by any worker stops them all after the same step:
 after each step the workers sum their "stop" votes in one all-reduce, so
-no worker waits forever in a step the others never take.
+no worker waits forever in a step the others never take. Every worker
+resumes from the chief's backup, which holds the chief's share of the
+epoch's metric sums only: across workers a resumed epoch's logged training
+metrics start afresh (weights, optimizer, data and dropout are exact).
 """
 
 import dataclasses
 import functools
-import json
 import os
 import signal
 
@@ -67,22 +71,23 @@ class TrainingInterrupted(Exception):
 class BackupState:
     """What a backup holds, besides its weights file."""
 
-    epoch: int = 0  # the epoch training goes on with
+    epoch: int = 0  # the epoch training goes on with: the number of epochs done
     batches_done: int = 0  # batches of that epoch already trained
     weights: str = None  # the weights file, relative to the backup folder
     seed_states: list = None  # dropout seed generators' states, in model order
     metric_values: list = None  # the epoch's metrics' running sums, in model order, per local replica
-
-    @property
-    def epochs_done(self):
-        return self.epoch
 
 
 def read_backup(backup_dir):
     """The `BackupState` in `backup_dir`, or None when there is none; a `DamagedFileError` for a damaged one."""
     state_path = os.path.join(backup_dir, STATE)
     if os.path.exists(state_path):
-        state = BackupState(**saving.read_json(state_path))
+        try:
+            state = BackupState(**saving.read_json(state_path))
+        except TypeError:
+            state = None
+        if state is None or not isinstance(state.weights, str) or not isinstance(state.epoch, int):
+            raise saving.DamagedFileError(f"{state_path} is not a backup's state; pass --overwrite to start over")
     elif os.path.exists(os.path.join(backup_dir, _KERAS_METADATA)):
         state = _read_keras_backup(backup_dir)
     else:
@@ -111,9 +116,8 @@ class TrainingBackup(keras.callbacks.Callback):
     that epoch, never skips it. `EpochSeeds` must come before it.
 
     Example:
-    >>> state = read_backup("run/backup")
-    >>> batches = data.skip_on_first_pass(dataset, state.batches_done if state else 0)
-    >>> model.fit(batches, epochs=10, callbacks=[EpochSeeds([epoch]), TrainingBackup("run/backup", 500)])
+    >>> backup = TrainingBackup("run/backup", save_every_steps=500)
+    >>> model.fit(batches, epochs=10, callbacks=[EpochSeeds([epoch]), checkpoint, history, backup])
     """
 
     def __init__(self, backup_dir, save_every_steps=None, stop_on_sigterm=True):
@@ -130,15 +134,19 @@ class TrainingBackup(keras.callbacks.Callback):
         self._previous_handler = None
         self._training = False
         self._epoch = 0
+        self._stop_before_next_epoch = False
 
     # -- restoring -------------------------------------------------------------------
 
     def on_train_begin(self, logs=None):
-        self._training = True
-        self._signal = None
-        if self.stop_on_sigterm:
-            self._previous_handler = signal.signal(signal.SIGTERM, self._on_signal)
         state = read_backup(self.backup_dir)
+        self._signal = None
+        self._stop_before_next_epoch = False
+        if self.stop_on_sigterm and not self._training:
+            # `fit` skips `on_train_end` when it fails: whoever calls fit calls
+            # `stop_handling_signals()` then (`runs.run_dir.fit` does).
+            self._previous_handler = signal.signal(signal.SIGTERM, self._on_signal)
+        self._training = True
         if state is None:
             return
         saving.load_weights(self.model, os.path.join(self.backup_dir, state.weights))
@@ -148,6 +156,8 @@ class TrainingBackup(keras.callbacks.Callback):
         self._resumed = state
 
     def on_epoch_begin(self, epoch, logs=None):
+        if self._stop_before_next_epoch:
+            self._interrupt(f"at the end of epoch {epoch}")
         self._epoch = epoch
         self._batches_before = 0
         if self._resumed is None or self._resumed.batches_done == 0 or epoch != self._resumed.epoch:
@@ -168,6 +178,9 @@ class TrainingBackup(keras.callbacks.Callback):
         across replicas too), so adding the saved sums gives exactly what an
         uninterrupted epoch has; a metric of another kind starts afresh.
         """
+        if spans_workers(self.model.distribute_strategy):
+            self._resumed = None  # each worker would add the chief's sums (see the module docstring)
+            return
         for variable, values in zip(_metric_variables(self.model), self._resumed.metric_values or ()):
             if getattr(variable, "aggregation", None) == "sum":
                 for part, value in zip(_local_parts(variable), values):
@@ -181,31 +194,35 @@ class TrainingBackup(keras.callbacks.Callback):
             self._carry_metrics_over()
         self._steps_since_saving += 1
         batches_done = self._batches_before + batch + 1
-        if self._stop_requested():
+        # After an epoch's last batch the epoch's end comes (validation, the
+        # history row): a backup there is the epoch-end one, never a mid-epoch one.
+        last_of_epoch = bool(self.params.get("steps")) and batch + 1 >= self.params["steps"]
+        if self._stop_requested() and not last_of_epoch:
             self._save(self._epoch, batches_done)
-            self._stop_handling_signals()
-            raise TrainingInterrupted(
-                f"stopped by SIGTERM after batch {batches_done} of epoch {self._epoch + 1}; its state is saved "
-                f"in {self.backup_dir}: rerun the same command to resume"
-            )
-        if self.save_every_steps and self._steps_since_saving >= self.save_every_steps:
+            self._interrupt(f"after batch {batches_done} of epoch {self._epoch + 1}")
+        if self.save_every_steps and self._steps_since_saving >= self.save_every_steps and not last_of_epoch:
             self._save(self._epoch, batches_done)
 
     def on_epoch_end(self, epoch, logs=None):
         self._batches_before = 0
         self._save(epoch + 1, 0)
+        # A SIGTERM during the epoch's last step or its validation: stop when
+        # the next epoch begins, once every callback has ended this one.
+        self._stop_before_next_epoch = self._stop_requested()
 
     def on_train_end(self, logs=None):
-        received = self._signal
-        self._stop_handling_signals()
-        if received is not None:
-            # The signal came after the last step: the last epoch's backup has everything.
-            raise TrainingInterrupted(f"stopped by SIGTERM at the end of training; its state is saved in {self.backup_dir}")
+        self.stop_handling_signals()
+
+    def _interrupt(self, when):
+        self.stop_handling_signals()
+        raise TrainingInterrupted(
+            f"stopped by SIGTERM {when}; its state is saved in {self.backup_dir}: rerun the same command to resume"
+        )
 
     def _save(self, epoch, batches_done):
         os.makedirs(self.backup_dir, exist_ok=True)
-        step = int(ops.convert_to_numpy(self.model.optimizer.iterations))
-        weights = f"step-{step:09d}.weights.h5"
+        # Named by the state it holds: a file the current state names is never rewritten.
+        weights = f"epoch-{epoch:05d}-batch-{batches_done:07d}.weights.h5"
         saving.replace_whole(os.path.join(self.backup_dir, weights), self.model.save_weights)
         state = BackupState(
             epoch=epoch,
@@ -220,7 +237,7 @@ class TrainingBackup(keras.callbacks.Callback):
         saving.write_json(os.path.join(self.backup_dir, STATE), dataclasses.asdict(state))
         # Only now are older weights files no longer named by the state.
         for name in os.listdir(self.backup_dir):
-            if name.endswith(".weights.h5") and name != weights and name.startswith("step-"):
+            if name.endswith(".weights.h5") and name != weights and name.startswith("epoch-"):
                 os.remove(os.path.join(self.backup_dir, name))
         self._steps_since_saving = 0
 
@@ -241,7 +258,8 @@ class TrainingBackup(keras.callbacks.Callback):
         # Every worker votes after every step, so all of them stop after the same one.
         return _sum_of_votes(strategy, float(local)) > 0
 
-    def _stop_handling_signals(self):
+    def stop_handling_signals(self):
+        """Give SIGTERM back to the handler it had before training (call it when `fit` fails)."""
         if self._training and self.stop_on_sigterm:
             signal.signal(signal.SIGTERM, self._previous_handler or signal.SIG_DFL)
         self._training = False
@@ -316,6 +334,8 @@ def _read_keras_backup(backup_dir):
         weights += ".bkp"
         if os.path.exists(metadata + ".bkp"):
             metadata += ".bkp"
-    with open(metadata, encoding="utf-8") as file:
-        epoch = int(json.load(file)["epoch"])
+    content = saving.read_json(metadata)
+    epoch = content.get("epoch") if isinstance(content, dict) else None
+    if not isinstance(epoch, int):
+        raise saving.DamagedFileError(f"{metadata} names no epoch; pass --overwrite to start over")
     return BackupState(epoch=epoch, weights=weights)

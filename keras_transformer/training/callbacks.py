@@ -70,8 +70,9 @@ class EpochSeeds(keras.callbacks.Callback):
 
     Dropout draws its random numbers from seed generators whose state moves
     on with every draw, and that state is not part of a model's weights, so
-    neither a checkpoint nor `BackupAndRestore` keeps it: a run resumed in a
-    new process at epoch e would drop other units than an uninterrupted run,
+    no checkpoint keeps it (`TrainingBackup` does, for a backup written in
+    the middle of an epoch): a run resumed in a new process at epoch e would
+    drop other units than an uninterrupted run,
     and so would the data's shuffling (see `data.shuffle_each_epoch`). At the
     start of every epoch this callback puts each seed generator at a state
     made from its initial state and the epoch number, and sets the data's

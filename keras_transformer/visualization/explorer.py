@@ -26,11 +26,10 @@ The file holds three things the browser needs:
 
 import html
 import json
-from pathlib import Path
 
 # explorer.js and explorer.css live with the TensorBoard plugin, which serves
 # them as they are; this page copies them in.
-STATIC_DIR = Path(__file__).resolve().parent.parent / "tensorboard_plugin" / "static"
+from keras_transformer.tensorboard_plugin.page_data import SCRIPT, STATIC, STYLE
 
 
 def _json_for_script(data):
@@ -64,10 +63,10 @@ def explorer_html(data, title="Attention"):
     Returns:
         The page as a string; write it to a `.html` file (UTF-8).
     """
-    style = (STATIC_DIR / "explorer.css").read_text(encoding="utf-8")
+    style = (STATIC / STYLE).read_text(encoding="utf-8")
     # "<\/script" means the same as "</script" everywhere in JavaScript, but
     # does not end the inline <script> element.
-    script = (STATIC_DIR / "explorer.js").read_text(encoding="utf-8").replace("</script", "<\\/script")
+    script = (STATIC / SCRIPT).read_text(encoding="utf-8").replace("</script", "<\\/script")
     escaped_title = html.escape(title)
     return f"""<!DOCTYPE html>
 <html lang="en">

@@ -349,7 +349,7 @@ function normalizeSelection() {
   state.sample = sample.sample;
   state.step = pickNumber(state.step, sample.steps, sample.steps.at(-1));
   state.kind = kinds.includes(state.kind) ? state.kind : kinds.includes("cross") ? "cross" : kinds[0];
-  const layers = sample.kinds[state.kind];
+  const layers = sample.kinds[state.kind] ?? [];   // a sample logged with no maps has no kinds
   state.layer = pickNumber(state.layer, layers, layers.at(-1));
   state.view = state.view === "matrix" ? "matrix" : "head";
   return { run, sample };
@@ -375,7 +375,7 @@ function showControls(run, sample) {
   page.step.disabled = sample.steps.length < 2;
   page.stepLabel.textContent = `epoch ${state.step}`;
   fillSelect(page.kind, sampleKinds(sample).map((kind) => [kind, kindName(kind)]), state.kind);
-  fillSelect(page.layer, sample.kinds[state.kind].map((layer) => [layer, `layer ${layer}`]), state.layer);
+  fillSelect(page.layer, (sample.kinds[state.kind] ?? []).map((layer) => [layer, `layer ${layer}`]), state.layer);
 }
 
 // One checkbox per head with its colour; rebuilt only when the count changes.
