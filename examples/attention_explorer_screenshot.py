@@ -60,7 +60,7 @@ def main():
                 executable_path="/usr/bin/chromium", headless=True,
                 args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
             )
-            page = browser.new_page(viewport={"width": 1200, "height": 760})
+            page = browser.new_page(viewport={"width": 1200, "height": 600})
             page.goto(f"{url}/?darkMode=false#attention")
             frame = None
             while frame is None:
