@@ -2,28 +2,16 @@
 
     python examples/attention_explorer_screenshot.py runs/demo docs/attention-explorer.png
 
-Starts `tensorboard` on the run's logs (127.0.0.1, a free port), opens the
+Starts `tensorboard` on the run's logs (127.0.0.1, a free port:
+`keras_transformer.tensorboard_plugin.server.serve`), opens the
 Attention tab in headless Chromium (Debian's, driven by Playwright: nothing
 is downloaded), shows the last layer's cross-attention of the first sample
 with every head, points at the second source word and saves the page.
-The server is stopped by its pid.
 """
 
 import argparse
-import os
-import signal
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def main():
@@ -38,43 +26,25 @@ def main():
 
     from playwright.sync_api import sync_playwright
 
-    port = free_port()
-    server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "tensorboard"), "--logdir", str(logs), "--host", "127.0.0.1",
-         "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                with urllib.request.urlopen(f"{url}/data/plugin/attention/index", timeout=5) as answer:
-                    if b'"samples"' in answer.read():
-                        break
-            except OSError:
-                pass
-            time.sleep(0.5)
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(
-                executable_path="/usr/bin/chromium", headless=True,
-                args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-            )
-            page = browser.new_page(viewport={"width": 1200, "height": 600})
-            page.goto(f"{url}/?darkMode=false#attention")
-            frame = None
-            while frame is None:
-                frame = next((each for each in page.frames if "name=attention" in each.url), None)
-                page.wait_for_timeout(200)
-            frame.wait_for_selector("#head-view line.link")
-            frame.select_option("#kind", "cross")
-            frame.hover(f'#head-view .token[data-side="key"][data-index="{arguments.source_token}"]')
-            page.wait_for_timeout(300)
-            page.screenshot(path=arguments.out)
-            browser.close()
-    finally:
-        os.kill(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
+    from keras_transformer.tensorboard_plugin.server import serve
+
+    with serve(logs) as url, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path="/usr/bin/chromium", headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        page = browser.new_page(viewport={"width": 1200, "height": 600})
+        page.goto(f"{url}/?darkMode=false#attention")
+        frame = None
+        while frame is None:
+            frame = next((each for each in page.frames if "name=attention" in each.url), None)
+            page.wait_for_timeout(200)
+        frame.wait_for_selector("#head-view line.link")
+        frame.select_option("#kind", "cross")
+        frame.hover(f'#head-view .token[data-side="key"][data-index="{arguments.source_token}"]')
+        page.wait_for_timeout(300)
+        page.screenshot(path=arguments.out)
+        browser.close()
     print(f"screenshot: {arguments.out}")
 
 

@@ -8,14 +8,9 @@ token and reads from the page which lines are drawn.
 """
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import keras
 import numpy as np
@@ -25,7 +20,9 @@ import keras_transformer as kt
 from keras_transformer.callbacks import AttentionMapLogger, ClassifierAttentionLogger
 from keras_transformer.text import WordPieceTokenizer
 
-from test_tensorboard import PAIRS, find_chromium, free_port
+from keras_transformer.tensorboard_plugin.server import serve
+
+from test_tensorboard import PAIRS, find_chromium
 
 LAYERS, HEADS, EPOCHS = 2, 2, 2
 TEXTS = ["a good film", "a bad film", "good", "bad and long film", "not good"] * 4
@@ -65,32 +62,8 @@ def log_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tensorboard(log_dir):
     """A `tensorboard` process on a free port of 127.0.0.1, once the Attention tab has data; stopped by its pid."""
-    port = free_port()
-    server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "tensorboard"), "--logdir", str(log_dir), "--host", "127.0.0.1",
-         "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                if get_json(f"{url}/data/plugins_listing").get("attention", {}).get("enabled"):
-                    break
-            except OSError:
-                pass
-            time.sleep(0.5)
-        else:
-            raise AssertionError("TensorBoard did not list the Attention tab as enabled")
+    with serve(log_dir) as url:
         yield url
-    finally:
-        os.kill(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
 
 
 def get_json(url):
