@@ -1,8 +1,10 @@
 """Running the `keras-transformer` command as a user does: a real subprocess."""
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 CLI = [sys.executable, "-m", "keras_transformer.cli"]
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -20,6 +22,15 @@ def run(command, input=None, check=True, timeout=600):
     if check and result.returncode != 0:
         raise AssertionError(f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return result
+
+
+def malformed_requests(version, seed, count, report_path):
+    """Run `malformed_requests.py` on an export version in a fresh process; its answers, or a failure naming the request that killed it."""
+    script = Path(__file__).with_name("malformed_requests.py")
+    result = run([sys.executable, script, version, seed, count, report_path], check=False)
+    last_request = (result.stdout.strip().splitlines() or ["none"])[-1]
+    assert result.returncode == 0, f"the process died (exit {result.returncode}) on {last_request}\n{result.stderr[-2000:]}"
+    return json.loads(Path(report_path).read_text())
 
 
 def check_run_directory(run):

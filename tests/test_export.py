@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import EXPORT_OPS, check_run_directory, cli, run
+from helpers import EXPORT_OPS, check_run_directory, cli, malformed_requests, run
 from keras_transformer.runs import translation
 from keras_transformer.export import export_translator, resolve_export
 
@@ -275,11 +275,7 @@ def test_malformed_requests_are_refused_and_the_serving_process_lives(export_bas
     came back as wrong answers.
     """
     report_path = tmp_path / "report.json"
-    script = Path(__file__).with_name("malformed_requests.py")
-    result = run([sys.executable, script, export_base / "1", 0, 300, report_path], check=False)
-    last_request = (result.stdout.strip().splitlines() or ["none"])[-1]
-    assert result.returncode == 0, f"the process died (exit {result.returncode}) on {last_request}\n{result.stderr[-2000:]}"
-    report = json.loads(report_path.read_text())
+    report = malformed_requests(export_base / "1", 0, 300, report_path)
 
     named = [answer for answer in report if not answer["request"].startswith("random")]
     assert len(named) == 2 * 13
