@@ -31,6 +31,9 @@ from keras_transformer.models.attention_maps import (
     ENCODER,
     ENCODER_STACK,
     KINDS,
+    POOLING,
+    POOLING_QUERY,
+    POOLING_SIDES,
     SOURCE,
     TARGET,
     attention_map_name,
@@ -268,14 +271,15 @@ class EmbeddingProjectorLogger(keras.callbacks.Callback):
 
 
 class ClassifierAttentionLogger(keras.callbacks.Callback):
-    """A classifier's [CLS] attention over a few sentences, for the Attention tab, every epoch.
+    """What a classifier read its label from, over a few sentences, for the Attention tab, every epoch.
 
     With "cls" pooling, the label is read from the final state of [CLS], and
     [CLS] gathers the sentence through its row of each layer's
-    self-attention: that row shows which words the label was made of. For
-    each sentence and epoch this writes the row of every layer and head, the
-    sentence's tokens, its label and the model's prediction
-    (`keras_transformer.tensorboard_plugin.summaries`, kind `CLS_ROW`).
+    self-attention: that row shows which words the label was made of (kind
+    `CLS_ROW`, every layer and head). With "attention" pooling, the pooling's
+    own weights say it directly (kind `POOLING`, one map). For each sentence
+    and epoch this writes those maps, the sentence's tokens, its label and the
+    model's prediction (`keras_transformer.tensorboard_plugin.summaries`).
 
     Args:
         token_ids: `(n, length)` ids of the sentences as the model is fed
@@ -289,6 +293,9 @@ class ClassifierAttentionLogger(keras.callbacks.Callback):
     >>> ids = tokenizer.tokenize_with_cls(tf.constant(texts), 128).numpy()
     >>> model.fit(..., callbacks=[ClassifierAttentionLogger(ids, texts, labels, tokenizer, "run/logs/samples")])
     """
+
+    # The poolings whose label has a map to show (mean pooling gives every token the same say).
+    POOLINGS = ("cls", "attention")
 
     def __init__(self, token_ids, texts, labels, tokenizer, log_dir, class_names=None):
         super().__init__()
@@ -308,26 +315,38 @@ class ClassifierAttentionLogger(keras.callbacks.Callback):
     def _name(self, label):
         return self.class_names[label] if self.class_names else str(label)
 
+    def _maps(self):
+        """`[(kind, layer, query side, key side, (n, heads, queries, length)), ...]` for the model's pooling."""
+        if self.model.pooling == "attention":
+            weights = keras.ops.convert_to_numpy(self.model.token_weights(self.token_ids))
+            return [(POOLING, 0, *POOLING_SIDES, weights[:, None, None, :])]
+        if self.model.pooling != "cls":
+            raise ValueError(f"no attention shows what {self.model.pooling!r} pooling read; use cls or attention")
+        _, scores = self.model.encoder(self.token_ids, training=False, return_attention_scores=True)
+        scores = stack_attention_maps(ENCODER_STACK, scores)
+        return [
+            (CLS_ROW, layer, *CLS_ROW_SIDES,
+             keras.ops.convert_to_numpy(scores[attention_map_name(ENCODER, layer)])[:, :, :1, :])
+            for layer in range(len(scores))
+        ]
+
     def log(self, step):
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(self.log_dir)
-        _, scores = self.model.encoder(self.token_ids, training=False, return_attention_scores=True)
-        scores = stack_attention_maps(ENCODER_STACK, scores)
+        maps = self._maps()
         predictions = np.argmax(keras.ops.convert_to_numpy(self.model(self.token_ids, training=False)), axis=-1)
         with self._writer.as_default(step=step):
             for index, (ids, text, label) in enumerate(zip(self.token_ids, self.texts, self.labels)):
                 length = int(np.count_nonzero(ids))
                 tokens = [token.decode("utf-8") for token in self.tokenizer.id_to_token(ids[:length]).numpy()]
-                maps = [
-                    (CLS_ROW, layer, *CLS_ROW_SIDES,
-                     keras.ops.convert_to_numpy(scores[attention_map_name(ENCODER, layer)])[index, :, :1, :length])
-                    for layer in range(len(scores))
-                ]
+                query_side, key_side = maps[0][2:4]
+                query_tokens = tokens[:1] if maps[0][0] == CLS_ROW else [POOLING_QUERY]
                 write_sample(
                     index,
                     {"text": text, "label": self._name(label), "prediction": self._name(int(predictions[index]))},
-                    dict(zip(CLS_ROW_SIDES, (tokens[:1], tokens))),
-                    maps,
+                    {query_side: query_tokens, key_side: tokens},
+                    [(kind, layer, queries, keys, weights[index, ..., :length])
+                     for kind, layer, queries, keys, weights in maps],
                 )
         self._writer.flush()
 

@@ -168,3 +168,68 @@ class TestMultiHeadAttention:
         outputs, same_cache = attention(query, value_mask=value_mask, cache=cache)
         np.testing.assert_allclose(outputs, expected, atol=1e-6)
         assert same_cache is cache
+
+
+class TestPredictiveLocalAttention:
+    """Luong et al.'s local-p: a window of +-D around a predicted p_t, Gaussian-weighted."""
+
+    WINDOW = 2
+
+    def attention(self, num_heads=2):
+        return kt.layers.MultiHeadAttention(num_heads=num_heads, sliding_window=self.WINDOW, window_alignment="predictive")
+
+    def test_weights_outside_the_predicted_window_are_exactly_zero(self):
+        query, value = random(2, 5, 16, seed=3), random(2, 12, 16, seed=4)
+        value_mask = np.ones((2, 12), bool)
+        value_mask[0, 8:] = False  # S = 8 for the first sentence, 12 for the second
+        attention = self.attention()
+        _, weights = attention(query, value, value_mask=value_mask, return_attention_scores=True)
+        weights = ops.convert_to_numpy(weights)
+        positions = ops.convert_to_numpy(attention.aligned_positions(query, value_mask, 12))
+        assert positions.shape == (2, 2, 5)
+        assert np.all(positions[0] <= 8) and np.all(positions[1] <= 12) and np.all(positions >= 0)
+        distance = np.abs(np.arange(12)[None, None, None, :] - positions[..., None])
+        assert np.all(weights[distance > self.WINDOW] == 0)
+        assert np.all(weights[0, :, :, 8:] == 0)  # padded keys too
+        inside = (distance <= self.WINDOW) & value_mask[:, None, None, :]
+        assert np.all(weights[inside] > 0)
+
+    def test_weights_are_the_softmax_times_the_gaussian(self):
+        # Equal keys: the softmax is uniform over the window, so the weights are the Gaussian's shape.
+        query, value = random(1, 4, 16, seed=5), np.ones((1, 20, 16), "float32")
+        attention = self.attention(num_heads=1)
+        _, weights = attention(query, value, return_attention_scores=True)
+        weights = ops.convert_to_numpy(weights)[0, 0]
+        positions = ops.convert_to_numpy(attention.aligned_positions(query, None, 20))[0, 0]
+        sigma = self.WINDOW / 2
+        for row, position in zip(weights, positions):
+            keys = np.arange(20)
+            inside = np.abs(keys - position) <= self.WINDOW
+            expected = np.exp(-((keys - position) ** 2) / (2 * sigma**2)) / inside.sum()
+            np.testing.assert_allclose(row[inside], expected[inside], rtol=1e-5)
+
+    def test_gradients_reach_the_alignment_weights(self):
+        import tensorflow as tf
+
+        query, value = random(2, 5, 16, seed=6), random(2, 9, 16, seed=7)
+        attention = self.attention()
+        attention(query, value)
+        with tf.GradientTape() as tape:
+            loss = ops.sum(ops.square(attention(query, value)))
+        kernel, vector = tape.gradient(loss, [attention.alignment_kernel.value, attention.alignment_vector.value])
+        assert float(ops.max(ops.abs(kernel))) > 0 and float(ops.max(ops.abs(vector))) > 0
+
+    def test_the_static_cache_gives_the_full_pass(self):
+        query, value = random(2, 4, 16, seed=8), random(2, 7, 16, seed=9)
+        value_mask = np.array([[1] * 5 + [0] * 2, [1] * 7], bool)
+        attention = self.attention()
+        expected = attention(query, value, value_mask=value_mask)
+        cache = attention.compute_cache(value)
+        steps = [attention(query[:, t : t + 1], value_mask=value_mask, cache=cache)[0] for t in range(4)]
+        np.testing.assert_allclose(ops.concatenate(steps, axis=1), expected, atol=1e-6)
+
+    def test_predictive_needs_a_window_and_alignments_are_named(self):
+        with pytest.raises(ValueError, match="needs sliding_window"):
+            kt.layers.MultiHeadAttention(num_heads=2, window_alignment="predictive")
+        with pytest.raises(ValueError, match="window_alignment must be one of"):
+            kt.layers.MultiHeadAttention(num_heads=2, sliding_window=2, window_alignment="gaussian")

@@ -28,6 +28,7 @@ VARIANTS = {
     "post_ln": {},
     "pre_ln_learned": dict(norm_first=True, position="learned"),
     "shared_tied": dict(src_vocab_size=50, share_embeddings=True, tie_output=True),
+    "local_predictive_cross_attention": dict(cross_attention_window=2),
 }
 
 
@@ -95,7 +96,10 @@ def test_cross_attention_ignores_padded_source(model, batch):
     for layer in range(SMALL["num_layers"]):
         cross = ops.convert_to_numpy(scores[f"decoder/layer_{layer}/cross_attention"])
         assert np.all(cross[0, :, :, 5:] < 1e-9) and np.all(cross[1, :, :, 2:] < 1e-9)
-        np.testing.assert_allclose(cross.sum(-1), 1.0, atol=1e-5)
+        if model.cross_attention_window is None:
+            np.testing.assert_allclose(cross.sum(-1), 1.0, atol=1e-5)
+        else:  # local-p: the softmax's weights times a Gaussian of at most 1
+            assert np.all(cross.sum(-1) <= 1.0 + 1e-5) and np.all(cross.sum(-1) > 0)
 
 
 def test_attention_scores_for_every_layer(model, batch):

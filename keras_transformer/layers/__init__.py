@@ -1,7 +1,7 @@
 """The Transformer's building blocks, one concept per module.
 
 Read them in this order: `masks`, `attention`, `dropout`, `positional`, `embedding`,
-`feed_forward`, `sublayers`, `stack`, `encoder`, `decoder`. Two helpers serve
+`feed_forward`, `sublayers`, `stack`, `encoder`, `decoder`, `pooling`. Two helpers serve
 them all: `checks` (argument checks) and `config` (each layer declares its
 hyperparameters once; `get_config` follows).
 """
@@ -19,6 +19,7 @@ from keras_transformer.layers.masks import (
     padding_mask,
     sliding_window_mask,
 )
+from keras_transformer.layers.pooling import AttentionPooling
 from keras_transformer.layers.positional import (
     PositionalEncoding,
     PositionEmbedding,
@@ -28,6 +29,7 @@ from keras_transformer.layers.stack import TransformerStack, layer_name
 from keras_transformer.layers.sublayers import AttentionSublayer, FeedForwardSublayer
 
 __all__ = [
+    "AttentionPooling",
     "AttentionSublayer",
     "Decoder",
     "DecoderLayer",

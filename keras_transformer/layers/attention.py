@@ -10,6 +10,26 @@ Tensors inside this module keep heads on their own axis, `(batch, heads,
 length, key_dim)`, so every head is one slice of a batched matrix product and
 "concatenate the heads, then multiply by W^O" is a single einsum.
 
+**Local attention** (Luong et al. 2015, "Effective Approaches to
+Attention-based Neural Machine Translation", Section 3.2) lets each query see
+only a window of 2D+1 keys around an aligned position p_t:
+
+* monotonic (`window_alignment="monotonic"`): p_t = t, the query's own
+  position; a sliding window.
+* predictive (`"predictive"`): each query predicts where it is aligned,
+
+      p_t = S * sigmoid(v_p^T tanh(W_p h_t))        (S: the real keys' count)
+
+  attends to the keys s within [p_t - D, p_t + D], and its weights are
+  multiplied by a Gaussian centred there,
+
+      a_t(s) = softmax(scores)_s * exp(-(s - p_t)^2 / (2 sigma^2)),  sigma = D / 2,
+
+  which is what trains W_p and v_p: the window's edges have no gradient, the
+  Gaussian does. Here every head predicts its own p_t (one column of v_p
+  each). It depends on the query alone, so a decoding step computes it as a
+  full pass does.
+
 **The decoding cache.** Generating one token at a time, a decoder's new query
 must attend to the keys and values of every earlier position. Recomputing them
 each step is quadratic work; instead each attention layer keeps them in a
@@ -43,13 +63,16 @@ from keras_transformer.layers.masks import merge_attention_masks
 # (float16 cannot even represent -1e9) and exp() of it is exactly 0.
 MASKED_LOGIT = -1e9
 
+MONOTONIC, PREDICTIVE = "monotonic", "predictive"
+WINDOW_ALIGNMENTS = (MONOTONIC, PREDICTIVE)
+
 
 def _softmax_dtype(dtype):
     return "float64" if dtype == "float64" else "float32"
 
 
 def scaled_dot_product_attention(
-    queries, keys, values, mask=None, dropout_rate=0.0, training=False, seed=None, scale=None
+    queries, keys, values, mask=None, dropout_rate=0.0, training=False, seed=None, scale=None, weight_scale=None
 ):
     """Equation (1): softmax(Q K^T / sqrt(d_k)) V.
 
@@ -66,6 +89,9 @@ def scaled_dot_product_attention(
         seed: a `keras.random.SeedGenerator` for the dropout.
         scale: the factor on Q K^T, 1 / sqrt(key_dim) by default.
             `MultiHeadAttention` folds it into W^Q and passes 1.
+        weight_scale: optional factors broadcastable to the weights,
+            multiplying them after the softmax (predictive local attention's
+            Gaussian).
 
     Returns:
         `(outputs, weights)`: outputs `(..., query_length, value_dim)` in the
@@ -101,6 +127,8 @@ def scaled_dot_product_attention(
         # it so such a query (a padded one) mixes in nothing at all.
         has_keys = ops.any(mask, axis=-1, keepdims=True)
         weights = weights * ops.cast(has_keys, weights.dtype)
+    if weight_scale is not None:
+        weights = weights * ops.cast(weight_scale, weights.dtype)
     weights = ops.cast(weights, values.dtype)
 
     attended = weights
@@ -140,8 +168,12 @@ class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
             d_model // num_heads, which requires num_heads to divide d_model.
         dropout: dropout rate on the attention weights.
         use_bias: whether the projections have biases.
-        sliding_window: if set to w, local attention: each query sees keys
-            within w positions (with the causal mask, the previous w).
+        sliding_window: if set to D, local attention: each query sees keys
+            within D positions of its aligned position (with the causal mask
+            and monotonic alignment, the previous D).
+        window_alignment: where the window is centred: "monotonic" (the
+            query's own position) or "predictive" (a position each query
+            predicts, with Gaussian weights; see the module docstring).
         kernel_initializer, bias_initializer: initializers of the projections.
 
     Call arguments:
@@ -177,6 +209,7 @@ class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
         "dropout",
         "use_bias",
         "sliding_window",
+        "window_alignment",
         "kernel_initializer",
         "bias_initializer",
     )
@@ -188,6 +221,7 @@ class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
         dropout=0.0,
         use_bias=True,
         sliding_window=None,
+        window_alignment="monotonic",
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         **kwargs,
@@ -198,6 +232,10 @@ class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
             check_positive_int(key_dim=key_dim)
         if sliding_window is not None:
             check_positive_int(sliding_window=sliding_window)
+        if window_alignment not in WINDOW_ALIGNMENTS:
+            raise ValueError(f"window_alignment must be one of {WINDOW_ALIGNMENTS}, got {window_alignment!r}")
+        if window_alignment == PREDICTIVE and sliding_window is None:
+            raise ValueError("window_alignment='predictive' needs sliding_window, the window's half-width D")
         check_rate(dropout=dropout)
         self.store_hyperparameters(locals())
         # Names such as "glorot_uniform" become initializer objects (saved as their config).
@@ -235,6 +273,10 @@ class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
             self.query_bias = weight("query_bias", (heads, head_dim), self.bias_initializer)
             self.key_value_bias = weight("key_value_bias", (2, heads, head_dim), self.bias_initializer)
             self.output_bias = weight("output_bias", (query_dim,), self.bias_initializer)
+        if self.window_alignment == PREDICTIVE:
+            # W_p and v_p of p_t = S sigmoid(v_p^T tanh(W_p h_t)); one v_p column per head.
+            self.alignment_kernel = weight("alignment_kernel", (query_dim, query_dim), self.kernel_initializer)
+            self.alignment_vector = weight("alignment_vector", (query_dim, heads), self.kernel_initializer)
 
     # -- projections -------------------------------------------------------
 
@@ -336,6 +378,30 @@ class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
             dtype=dtype or self.compute_dtype,
         )
 
+    # -- predictive local attention ------------------------------------------
+
+    def aligned_positions(self, query, key_mask, key_length):
+        """p_t = S sigmoid(v_p^T tanh(W_p h_t)): `(batch, heads, query_length)` float32 positions in [0, S].
+
+        S is each sentence's number of real keys (from `key_mask`), or
+        `key_length` when nothing is padded.
+        """
+        hidden = ops.tanh(ops.matmul(query, self._weight(self.alignment_kernel)))
+        fraction = ops.sigmoid(ops.cast(ops.matmul(hidden, self._weight(self.alignment_vector)), "float32"))
+        if key_mask is None:
+            source_length = ops.cast(key_length, "float32")
+        else:
+            source_length = ops.sum(ops.cast(key_mask, "float32"), axis=-1)[:, None, None]
+        return ops.transpose(source_length * fraction, (0, 2, 1))
+
+    def _predictive_window(self, query, key_mask, key_length):
+        """The window `(batch, heads, q, k)` around each query's p_t, and the Gaussian on its weights."""
+        positions = self.aligned_positions(query, key_mask, key_length)[..., None]
+        distance = ops.cast(ops.arange(key_length), "float32")[None, None, None, :] - positions
+        window = ops.abs(distance) <= self.sliding_window
+        sigma = self.sliding_window / 2.0
+        return window, ops.exp(-ops.square(distance) / (2.0 * sigma * sigma))
+
     # -- the call ----------------------------------------------------------
 
     def call(
@@ -389,6 +455,7 @@ class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
             value_mask = key_mask = None
 
         padding = key_mask if key_mask is not None else value_mask
+        predictive = self.window_alignment == PREDICTIVE
         mask = merge_attention_masks(
             ops.shape(queries)[2],
             ops.shape(keys)[2],
@@ -396,10 +463,15 @@ class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
             key_mask=padding,
             attention_mask=attention_mask,
             causal=use_causal_mask,
-            sliding_window=self.sliding_window,
+            # A predicted window is not one around the query's own position.
+            sliding_window=None if predictive else self.sliding_window,
             offset=offset,
             valid_key_length=valid_key_length,
         )
+        gaussian = None
+        if predictive:
+            window, gaussian = self._predictive_window(query, padding, ops.shape(keys)[2])
+            mask = window if mask is None else ops.logical_and(mask, window)
         attended, weights = scaled_dot_product_attention(
             queries,
             keys,
@@ -409,6 +481,7 @@ class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
             training=training,
             seed=self.seed_generator,
             scale=1.0,
+            weight_scale=gaussian,
         )
         outputs = self._combine_heads(attended)
 

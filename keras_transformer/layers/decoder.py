@@ -40,6 +40,11 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
         num_heads, d_ff, dropout, norm_first, epsilon: as for `EncoderLayer`.
         cross_attention: include attention over an encoder output.
         sliding_window: self-attention sees only the previous w positions.
+        cross_attention_window: D, for local cross-attention: each target
+            position predicts the source position it is aligned with and sees
+            the 2D+1 source positions around it, Gaussian-weighted (Luong et
+            al. 2015's local-p; `MultiHeadAttention`'s "predictive" window).
+            None: the whole source, the paper's global attention.
         activation, attention_dropout, activation_dropout: as for `EncoderLayer`.
 
     Call arguments:
@@ -66,7 +71,7 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
     >>> layer(target, source).shape  # (2, 9, 512)
     """
 
-    hyperparameters = EncoderLayer.hyperparameters + ("cross_attention",)
+    hyperparameters = EncoderLayer.hyperparameters + ("cross_attention", "cross_attention_window")
 
     def __init__(
         self,
@@ -80,6 +85,7 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
         activation="relu",
         attention_dropout=0.0,
         activation_dropout=0.0,
+        cross_attention_window=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -88,9 +94,15 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
         # As in `EncoderLayer`, each sub-block gets the settings it shares with this layer.
         attention = dict(self.shared_hyperparameters(AttentionSublayer), dtype=self.dtype_policy)
         self.self_attention = AttentionSublayer(**attention, causal=True, name="self_attention")
-        # The window limits self-attention only: every target position sees the whole source.
+        # `sliding_window` limits self-attention only; cross-attention has a
+        # window of its own, centred where each target position predicts its
+        # source is (a window around the target position's own index would
+        # assume the two sentences line up word by word).
+        cross = dict(attention, sliding_window=None)
+        if cross_attention_window is not None:
+            cross.update(sliding_window=cross_attention_window, window_alignment="predictive")
         self.cross_attention_block = (
-            AttentionSublayer(**dict(attention, sliding_window=None), name="cross_attention")
+            AttentionSublayer(**cross, name="cross_attention")
             if cross_attention
             else None
         )
@@ -191,8 +203,9 @@ class Decoder(TransformerStack):
 
     Args:
         The same as `Encoder`, plus `cross_attention` (False for a
-        decoder-only language model). `sliding_window` limits causal
-        self-attention to the previous w positions.
+        decoder-only language model) and `cross_attention_window` (local
+        cross-attention, see `DecoderLayer`). `sliding_window` limits causal self-attention to the
+        previous w positions.
 
     Call arguments:
         token_ids: `(batch, length)` target ids (shifted right: they start
@@ -220,9 +233,9 @@ class Decoder(TransformerStack):
 
     hyperparameters = TransformerStack.hyperparameters + DecoderLayer.hyperparameters
 
-    def __init__(self, *args, cross_attention=True, **kwargs):
+    def __init__(self, *args, cross_attention=True, cross_attention_window=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.store_hyperparameters(locals())  # cross_attention; the base stored the rest
+        self.store_hyperparameters(locals())  # the cross-attention settings; the base stored the rest
         self.decoder_layers = self._make_layers(DecoderLayer)
 
     def build(self, token_ids_shape, encoder_outputs_shape=None):

@@ -66,6 +66,8 @@ class AttentionSublayer(ResidualSublayer):
         epsilon: LayerNorm epsilon.
         causal: hide later positions (decoder self-attention).
         sliding_window: local attention window, or None for global.
+        window_alignment: where the window is centred, "monotonic" or
+            "predictive" (see `MultiHeadAttention`).
         attention_dropout: dropout on attention weights (not in the paper).
         key_dim: per-head size; d_model // num_heads by default.
 
@@ -90,6 +92,7 @@ class AttentionSublayer(ResidualSublayer):
         "num_heads",
         "causal",
         "sliding_window",
+        "window_alignment",
         "attention_dropout",
         "key_dim",
     )
@@ -102,6 +105,7 @@ class AttentionSublayer(ResidualSublayer):
         epsilon=1e-6,
         causal=False,
         sliding_window=None,
+        window_alignment="monotonic",
         attention_dropout=0.0,
         key_dim=None,
         **kwargs,
@@ -113,6 +117,7 @@ class AttentionSublayer(ResidualSublayer):
             key_dim=key_dim,
             dropout=attention_dropout,
             sliding_window=sliding_window,
+            window_alignment=window_alignment,
             dtype=self.dtype_policy,
             name="attention",
         )

@@ -30,6 +30,11 @@ KINDS = (ENCODER, DECODER_SELF, CROSS)
 # single query "[CLS]" over the sentence's tokens (sides "cls" and "sentence").
 CLS_ROW = "cls"
 CLS_ROW_SIDES = ("cls", "sentence")
+# A classifier with attention pooling: its learned token weights, one query
+# (the pooled vector) over the sentence's tokens, as a one-layer, one-head map.
+POOLING = "pooling"
+POOLING_SIDES = ("pooled", "sentence")
+POOLING_QUERY = "[pooled]"
 SOURCE, TARGET = "source", "target"
 
 # The Keras names of a Transformer's two stacks: the first part of a map's name.

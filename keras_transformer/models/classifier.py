@@ -5,7 +5,9 @@ token ids ([CLS] first) -> Encoder -> pool -> dropout -> Linear -> logits
 "cls" pooling takes the final state of the first token: with self-attention
 it can gather whatever the task needs from every other position, and its
 vector is a sentence embedding worth plotting. "mean" pooling averages the
-real (unpadded) positions instead.
+real (unpadded) positions instead. "attention" pooling learns a weight per
+token (`layers.AttentionPooling`) and hands the weights back for plotting:
+`token_weights` says which words decided the label.
 """
 
 import keras
@@ -16,9 +18,10 @@ from keras_transformer.layers.checks import check_positive_int
 from keras_transformer.layers.config import Hyperparameters
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.masks import padding_mask
+from keras_transformer.layers.pooling import AttentionPooling
 from keras_transformer.models.multi_worker import MultiWorkerFit
 
-POOLINGS = ("cls", "mean")
+POOLINGS = ("cls", "mean", "attention")
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -29,7 +32,8 @@ class TransformerClassifier(MultiWorkerFit, Hyperparameters, keras.Model):
         vocab_size: vocabulary size; id 0 is padding.
         num_classes: number of output logits.
         num_layers, d_model, num_heads, d_ff, max_length, dropout: as for `Encoder`.
-        pooling: "cls" (the first token's final state) or "mean".
+        pooling: "cls" (the first token's final state), "mean", or
+            "attention" (a learned weight per token, `AttentionPooling`).
         norm_first, position, epsilon, activation, sliding_window: as for `Encoder`.
 
     Call arguments:
@@ -90,11 +94,15 @@ class TransformerClassifier(MultiWorkerFit, Hyperparameters, keras.Model):
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
         self.store_hyperparameters(locals())
         self.encoder = Encoder(**self.shared_hyperparameters(Encoder), dtype=self.dtype_policy, name="encoder")
+        if pooling == "attention":
+            self.attention_pooling = AttentionPooling(d_model, dtype=self.dtype_policy, name="attention_pooling")
         self.head_dropout = Dropout(dropout, dtype=self.dtype_policy)
         self.classifier = keras.layers.Dense(num_classes, dtype=self.dtype_policy, name="classifier")
 
     def build(self, token_ids_shape):
         self.encoder.build(token_ids_shape)
+        if self.pooling == "attention":
+            self.attention_pooling.build(tuple(token_ids_shape) + (self.d_model,))
         self.classifier.build((token_ids_shape[0], self.d_model))
 
     def embed(self, token_ids, training=None):
@@ -102,10 +110,20 @@ class TransformerClassifier(MultiWorkerFit, Hyperparameters, keras.Model):
         states = self.encoder(token_ids, training=training)
         if self.pooling == "cls":
             return states[:, 0, :]
+        if self.pooling == "attention":
+            return self.attention_pooling(states, mask=padding_mask(token_ids))
         mask = ops.cast(padding_mask(token_ids), states.dtype)[:, :, None]
         total = ops.sum(states * mask, axis=1)
         count = ops.maximum(ops.sum(mask, axis=1), ops.cast(1, states.dtype))
         return total / count
+
+    def token_weights(self, token_ids):
+        """"attention" pooling's weights `(batch, length)`: how much each token counted (0 at padding)."""
+        if self.pooling != "attention":
+            raise ValueError(f"token weights need pooling='attention', this model pools with {self.pooling!r}")
+        states = self.encoder(token_ids, training=False)
+        _, weights = self.attention_pooling(states, mask=padding_mask(token_ids), return_weights=True)
+        return weights
 
     def head(self, pooled, training=None):
         """Pooled embeddings `(batch, d_model)` -> float32 logits `(batch, num_classes)`."""

@@ -44,6 +44,10 @@ def _split_inputs(inputs):
     )
 
 
+# The decoder's settings that the encoder has not: its cross-attention's window.
+_DECODER_ONLY = ("cross_attention_window",)
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class Transformer(MultiWorkerFit, Hyperparameters, keras.Model):
     """The encoder-decoder Transformer of "Attention Is All You Need".
@@ -61,6 +65,8 @@ class Transformer(MultiWorkerFit, Hyperparameters, keras.Model):
         position: "sinusoidal" or "learned" positions.
         epsilon, activation, attention_dropout, activation_dropout,
         sliding_window: passed to every layer.
+        cross_attention_window: D, for predictive local cross-attention (see
+            `DecoderLayer`); None: global, the paper's.
 
     Call arguments:
         inputs: `(source_ids, target_input_ids)`, integer `(batch, src_len)`
@@ -84,7 +90,7 @@ class Transformer(MultiWorkerFit, Hyperparameters, keras.Model):
     # size, which is per side here; the two stacks get all of those.
     hyperparameters = ("src_vocab_size", "tgt_vocab_size", "share_embeddings", "tie_output") + tuple(
         name for name in Encoder.hyperparameters if name != "vocab_size"
-    )
+    ) + _DECODER_ONLY
 
     def __init__(
         self,
@@ -105,6 +111,7 @@ class Transformer(MultiWorkerFit, Hyperparameters, keras.Model):
         attention_dropout=0.0,
         activation_dropout=0.0,
         sliding_window=None,
+        cross_attention_window=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -122,6 +129,7 @@ class Transformer(MultiWorkerFit, Hyperparameters, keras.Model):
             embedding=self.encoder.embedding if share_embeddings else None,
             name=DECODER_STACK,
             **stack,
+            **{name: getattr(self, name) for name in _DECODER_ONLY},
         )
         if not tie_output:
             self.output_projection = keras.layers.Dense(

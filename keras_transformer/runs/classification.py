@@ -165,8 +165,8 @@ def _train(config, run_dir, verbose, overwrite):
         run_dir, settings, state, epoch_variables=[train_epoch], averaged_weights=settings["ema_momentum"] is not None
     )
     sample = examples["val"][: max(settings["projector_samples"], settings["attention_samples"])]
-    # The [CLS] row shows what the label was read from only when the label is read from [CLS].
-    if settings["attention_samples"] and config["model"]["pooling"] == "cls":
+    # Only [CLS] rows and attention pooling show what the label was read from.
+    if settings["attention_samples"] and config["model"]["pooling"] in ClassifierAttentionLogger.POOLINGS:
         watched = sample[: settings["attention_samples"]]
         callbacks.append(
             ClassifierAttentionLogger(

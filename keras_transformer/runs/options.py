@@ -198,7 +198,8 @@ OPTIONS = (
            tasks=_TRANSLATION),
     Option("model", "tie_output", bool, "the output layer reuses the target embedding", tasks=_TRANSLATION),
     Option("model", "norm_first", bool, "LayerNorm before each sub-layer (pre-norm)", tasks=_TRANSLATION),
-    Option("model", "pooling", help="what the head sees", choices=("cls", "mean"), tasks=_CLASSIFICATION),
+    Option("model", "pooling", help="what the head sees: [CLS], the mean, or a learned weight per token",
+           choices=("cls", "mean", "attention"), tasks=_CLASSIFICATION),
     # training
     Option("training", "epochs", int, "epochs to train (more than a finished run's, to train it further)"),
     Option("training", "max_length", int, "tokens per sentence at most"),

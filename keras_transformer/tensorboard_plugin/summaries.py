@@ -17,7 +17,8 @@ A map's rows and columns are labelled with the tokens of two "sides" of the
 sample, named in its plugin content and found in the texts at the same
 step: "source" and "target" for a translation (cross-attention's queries
 are the target's tokens, its keys the source's), "cls" (just "[CLS]") and
-"sentence" for a classifier's [CLS] row. The tokens are stored per step
+"sentence" for a classifier's [CLS] row, "pooled" and "sentence" for its
+attention pooling's token weights. The tokens are stored per step
 because the translation the model produces, and so the target's tokens,
 change from epoch to epoch.
 

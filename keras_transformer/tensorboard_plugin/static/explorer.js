@@ -48,6 +48,7 @@ const KIND_NAMES = {
   decoder_self: "decoder self-attention",
   cross: "cross-attention",
   cls: "[CLS] attention",
+  pooling: "attention pooling (token weights)",
 };
 
 // What the two columns of the head view are, per kind.
@@ -56,6 +57,7 @@ const COLUMN_TITLES = {
   decoder_self: ["queries (target)", "keys (target)"],
   cross: ["queries (target)", "keys (source)"],
   cls: ["query", "keys (sentence)"],
+  pooling: ["pooled vector", "tokens (sentence)"],
 };
 
 const MIN_LINK_WEIGHT = 0.01;   // lighter lines would be invisible anyway
@@ -330,7 +332,7 @@ function pickNumber(wanted, options, fallback) {
   return options.includes(number) ? number : fallback;
 }
 
-// The kinds a sample has, in the order encoder, decoder, cross, [CLS].
+// The kinds a sample has, in the order encoder, decoder, cross, [CLS], pooling.
 function sampleKinds(entry) {
   const order = Object.keys(KIND_NAMES);
   const rank = (kind) => (order.includes(kind) ? order.indexOf(kind) : order.length);
