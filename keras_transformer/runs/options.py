@@ -64,6 +64,8 @@ DEFAULTS = {
             "warmup_steps": 4000,
             "learning_rate_scale": 1.0,
             "label_smoothing": 0.1,
+            # Validate and keep a moving average of the weights (see classification's).
+            "ema_momentum": None,
             "steps_per_epoch": None,
             "early_stopping": None,
             **_HOW_TRAINING_RUNS,
@@ -210,6 +212,8 @@ OPTIONS = (
     Option("training", "warmup_steps", int, "steps of learning-rate warm-up"),
     Option("training", "learning_rate_scale", float, "multiplies the schedule's learning rate"),
     Option("training", "label_smoothing", float, "label smoothing of the loss", tasks=_TRANSLATION),
+    Option("training", "ema_momentum", float, "validate and keep a moving average of the weights over about "
+           "1/(1-M) steps, e.g. 0.999 (the paper averages its last checkpoints instead)", metavar="M"),
     Option("training", "steps_per_epoch", int, "steps per epoch (default: one pass over the data)"),
     Option("training", "early_stopping", int, "stop after this many epochs without improvement", metavar="PATIENCE"),
     Option("training", "strategy", help="how training is distributed (auto: multi-worker when TF_CONFIG names "

@@ -97,7 +97,10 @@ def build_model(config, source_vocab_size, target_vocab_size):
 def compile_model(model, training_config):
     model.compile(
         optimizer=training.transformer_optimizer(
-            model.d_model, training_config["warmup_steps"], training_config["learning_rate_scale"]
+            model.d_model,
+            training_config["warmup_steps"],
+            training_config["learning_rate_scale"],
+            ema_momentum=training_config["ema_momentum"],
         ),
         loss=training.MaskedSparseCrossEntropy(training_config["label_smoothing"]),
         metrics=[training.MaskedAccuracy(), training.Perplexity()],
@@ -158,7 +161,10 @@ def _train(config, run_dir, verbose, overwrite):
     train_dataset = train_batches.dataset
     if settings["steps_per_epoch"]:
         train_dataset = train_dataset.repeat()
-    callbacks = runs.training_callbacks(run_dir, settings, state, epoch_variables=[train_batches.epoch])
+    callbacks = runs.training_callbacks(
+        run_dir, settings, state, epoch_variables=[train_batches.epoch],
+        averaged_weights=settings["ema_momentum"] is not None,
+    )
     callbacks += _sample_callbacks(run_dir, settings, pairs["val"], source_tokenizer, target_tokenizer)
     metrics = runs.fit(
         model, run_dir, state, train_dataset,
