@@ -11,6 +11,8 @@
     keras-transformer classify runs/sst2 "a gripping, funny film"
     keras-transformer evaluate runs/sst2 --csv reviews.csv
     keras-transformer export runs/sst2 exports/sentiment
+    keras-transformer pretrain --dataset sst2 --out runs/sst2-mlm          # masked language modelling
+    keras-transformer train-classifier --dataset sst2 --init-from runs/sst2-mlm --out runs/sst2-pretrained
 
 This module parses and prints; `keras_transformer.runs` does the work. The
 parser is built from the options table (`runs/options.py`) without
@@ -82,6 +84,13 @@ def build_parser():
     _add_config_options(classifier, options.CLASSIFICATION)
     _add_run_directory_arguments(classifier)
     classifier.set_defaults(handler=_train_classifier)
+
+    pretrain = commands.add_parser(
+        "pretrain", help="pre-train a classifier's encoder on unlabelled text (masked language modelling)"
+    )
+    _add_config_options(pretrain, options.PRETRAINING)
+    _add_run_directory_arguments(pretrain)
+    pretrain.set_defaults(handler=_pretrain)
 
     evaluate = commands.add_parser(
         "evaluate", help="a run's scores: BLEU and chrF (translation), accuracy and F1 (classification)"
@@ -204,6 +213,23 @@ def _train_classifier(arguments):
     print(f"run directory: {arguments.out}")
     print(f"try it:        keras-transformer classify {arguments.out} \"...\"")
     print(f"TensorBoard:   tensorboard --logdir {arguments.out}/logs   (Projector: the [CLS] embeddings)")
+
+
+def _pretrain(arguments):
+    _split_cpu_first(arguments)
+    from keras_transformer.runs import pretraining
+
+    metrics = pretraining.train(
+        _config_from_arguments(arguments, options.PRETRAINING), arguments.out, overwrite=arguments.overwrite
+    )
+    if _finished(metrics["training"], arguments.out) or not _reports():
+        return
+    print(
+        f"\nvalidation: {metrics['val']['masked_accuracy']:.4f} of the hidden tokens guessed, on "
+        f"{metrics['val']['texts']} texts; {metrics['training']['seconds_per_epoch']:.0f}s/epoch"
+    )
+    print(f"run directory: {arguments.out}")
+    print(f"next:          keras-transformer train-classifier --init-from {arguments.out} --dataset ... --out ...")
 
 
 def _reports():

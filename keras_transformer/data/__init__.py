@@ -23,7 +23,9 @@ from keras_transformer.data.sentiment import (
 from keras_transformer.data.pipeline import (
     TranslationBatches,
     make_classification_batches,
+    make_pretraining_batches,
     make_translation_batches,
+    mask_tokens,
     shuffle_each_epoch,
 )
 
@@ -38,7 +40,9 @@ __all__ = [
     "load_sst2",
     "load_multi30k",
     "make_classification_batches",
+    "make_pretraining_batches",
     "make_translation_batches",
+    "mask_tokens",
     "shuffle_each_epoch",
     "multi30k_directory",
     "read_labelled",

@@ -269,3 +269,86 @@ def make_classification_batches(examples, tokenizer, max_length, batch_size, shu
         num_parallel_calls=tf.data.AUTOTUNE,
     )
     return dataset.prefetch(tf.data.AUTOTUNE), epoch
+
+
+def mask_tokens(token_ids, seed, mask_id, vocab_size, first_word_id, rate=0.15):
+    """BERT's masked-language-model corruption (Devlin et al. 2019, Section 3.1, "Task #1").
+
+    Of each batch's real tokens (not padding, not the reserved tokens below
+    `first_word_id`), `rate` are chosen at random. A chosen token becomes
+    `[MASK]` 80% of the time, a random word 10% of the time, and stays as it
+    is 10% of the time: the model cannot tell which tokens are real, so it
+    must build a good representation of every one. The labels are the
+    original ids at the chosen positions and 0 elsewhere (the masked loss
+    ignores 0, as it ignores padding).
+
+    Args:
+        token_ids: `(batch, length)` int32 ids.
+        seed: a stateless seed `(2,)` int32/int64: the same seed, the same masks.
+        mask_id: the id of `[MASK]`.
+        vocab_size: random replacements are drawn from `first_word_id..vocab_size-1`.
+        first_word_id: ids below it are reserved tokens, never chosen.
+        rate: the share of tokens to predict.
+
+    Returns:
+        `(inputs, labels)`, both `(batch, length)` int32.
+
+    Example:
+    >>> inputs, labels = mask_tokens(tf.constant([[4, 9, 12, 30, 0]]), [0, 1], mask_id=5, vocab_size=40, first_word_id=6)
+    """
+    token_ids = tf.convert_to_tensor(token_ids, tf.int32)
+    seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), num=3)
+    choose, how, replacement = (tf.random.stateless_uniform(tf.shape(token_ids), seed=seeds[i]) for i in range(3))
+    chosen = (token_ids >= first_word_id) & (choose < rate)
+    random_words = tf.cast(
+        tf.cast(first_word_id, tf.float32) + replacement * tf.cast(vocab_size - first_word_id, tf.float32), tf.int32
+    )
+    corrupted = tf.where(how < 0.8, tf.fill(tf.shape(token_ids), mask_id), tf.where(how < 0.9, random_words, token_ids))
+    inputs = tf.where(chosen, corrupted, token_ids)
+    labels = tf.where(chosen, token_ids, tf.zeros_like(token_ids))
+    return inputs, labels
+
+
+def make_pretraining_batches(
+    texts, tokenizer, max_length, batch_size, shuffle=False, seed=0, rate=0.15, drop_remainder=False
+):
+    """Unlabelled texts -> `(corrupted ids, labels)` batches for masked-language-model pre-training.
+
+        texts -> shuffle each epoch -> batch -> [CLS] + pieces -> mask_tokens -> prefetch
+
+    The masks are drawn anew every epoch (RoBERTa's dynamic masking: the
+    model sees each sentence with different holes) from the seed, the epoch
+    number and the batch's index, so a resumed run masks as an uninterrupted
+    one would.
+
+    Args:
+        texts: strings.
+        tokenizer: a `WordPieceTokenizer` whose vocabulary has `PRETRAINING_TOKENS`.
+        max_length, batch_size, shuffle, seed, drop_remainder: as for
+            `make_classification_batches`.
+        rate: the share of tokens to predict (0.15 in BERT).
+
+    Returns:
+        `(dataset, epoch)` as `make_classification_batches` returns them.
+    """
+    from keras_transformer.text import MASK, PRETRAINING_TOKENS
+
+    if tokenizer.vocab[: len(PRETRAINING_TOKENS)] != list(PRETRAINING_TOKENS):
+        raise ValueError(f"pre-training needs a vocabulary that starts with {list(PRETRAINING_TOKENS)}")
+    dataset, epoch = make_classification_batches(
+        [(text, 0) for text in texts], tokenizer, max_length, batch_size, shuffle=shuffle, seed=seed,
+        drop_remainder=drop_remainder,
+    )
+    mask_id, vocab_size = tokenizer.vocab.index(MASK), tokenizer.vocab_size
+
+    def corrupt(index, batch):
+        token_ids, _ = batch
+        # Validation (no shuffle) is masked the same way every epoch.
+        this_epoch = epoch.read_value() if epoch is not None else tf.constant(0, tf.int64)
+        batch_seed = tf.stack([tf.cast(seed, tf.int64) * 1_000_003 + this_epoch, index])
+        return mask_tokens(token_ids, batch_seed, mask_id, vocab_size, len(PRETRAINING_TOKENS), rate)
+
+    dataset = dataset.enumerate().map(corrupt, num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset.apply(tf.data.experimental.assert_cardinality(dataset.cardinality())).prefetch(
+        tf.data.AUTOTUNE
+    ), epoch

@@ -9,10 +9,12 @@ from keras_transformer.models.attention_maps import (
     token_sides,
 )
 from keras_transformer.models.classifier import TransformerClassifier
+from keras_transformer.models.masked_lm import MaskedLanguageModel
 from keras_transformer.models.multi_worker import MultiWorkerFit
 from keras_transformer.models.transformer import PRESETS, Transformer
 
 __all__ = [
+    "MaskedLanguageModel",
     "MultiWorkerFit",
     "PRESETS",
     "Transformer",

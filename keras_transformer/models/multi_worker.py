@@ -9,7 +9,8 @@ reasons found by running it with two worker processes:
    only to read their shapes. Averaging token ids makes no sense, and across
    workers the strategy's collective reduce does not take a nested
    structure at all: "Attempt to convert a value (PerReplica:{...}) ... to a
-   Tensor".
+   Tensor". (On one machine it fails too, when the replicas' shares of a
+   short last batch differ in size.)
 2. After every step, the loss and metric values of all replicas are
    averaged with `strategy.reduce("MEAN", value, axis=0)` when the strategy
    spans several workers: "along the batch axis, then across replicas". The
@@ -47,9 +48,11 @@ class MultiWorkerFit:
     """Mixin for `keras.Model` subclasses: `fit`, `evaluate` and validation under `MultiWorkerMirroredStrategy`."""
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        # Keras reads a batch only for its shapes and dtypes: this worker's
-        # first replica's share of it has them, with no collective op.
-        if iterator is not None and data_batch is None and spans_workers(self.distribute_strategy):
+        # Keras reads a batch only for its shapes and dtypes, by averaging the
+        # replicas' shares: a collective op across workers, and an error when
+        # the shares differ (a last batch of 17 rows over two replicas). This
+        # worker's first replica's share has the shapes and dtypes, with neither.
+        if iterator is not None and data_batch is None and self._distribute_strategy is not None:
             for _, _, batches in iterator:
                 data_batch = keras.tree.map_structure(self._first_replica, next(batches))
                 break

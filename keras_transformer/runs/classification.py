@@ -105,9 +105,9 @@ def tokenizer(run_dir, tokenizer_config, train_texts=None):
 
 def build_model(config, vocab_size, num_classes):
     """The run's TransformerClassifier, built (weights made), not trained."""
-    model = models.TransformerClassifier(
-        vocab_size=vocab_size, num_classes=num_classes, max_length=config["training"]["max_length"], **config["model"]
-    )
+    # A classifier started from a pre-trained encoder has that encoder's position table (`model.max_length`).
+    arguments = {"max_length": config["training"]["max_length"], **config["model"]}
+    model = models.TransformerClassifier(vocab_size=vocab_size, num_classes=num_classes, **arguments)
     model.build((None, None))
     return model
 
@@ -140,10 +140,15 @@ def train(config, run_dir, verbose=1, overwrite=False):
 
 
 def _train(config, run_dir, verbose, overwrite):
-    config, strategy, state = runs.start(run_dir, with_dataset_path(config), DEFAULTS[CLASSIFICATION], overwrite)
+    from keras_transformer.runs import pretraining
+
+    config = pretraining.classifier_config(with_dataset_path(config))
+    config, strategy, state = runs.start(run_dir, config, DEFAULTS[CLASSIFICATION], overwrite)
     settings = config["training"]
     if state.finished:
         return runs.nothing_to_train(run_dir, state)
+    if settings["init_from"] and not os.path.exists(os.path.join(runs.vocab_path(run_dir), text.TOKENIZER_SETTINGS)):
+        pretraining.pretrained_vocabulary(settings["init_from"]).save(runs.vocab_path(run_dir))
     examples = load_examples(config["data"])
     num_classes = max(label for _, label in examples["train"] + examples["val"]) + 1
     save_class_names(run_dir, class_names(config["data"], num_classes))
@@ -159,6 +164,10 @@ def _train(config, run_dir, verbose, overwrite):
     with strategy.scope():
         model = build_model(config, text_tokenizer.vocab_size, num_classes)
         compile_model(model, config)
+    if settings["init_from"] and not state.epochs_done and not state.batches_done:
+        # A fresh start; a resumed run restores its own weights from the backup.
+        model.encoder.set_weights(pretraining.pretrained_encoder_weights(settings["init_from"]))
+        logger.info("encoder initialised from %s", settings["init_from"])
     logger.info("model: %d parameters, %d replica(s)", model.count_params(), replicas)
 
     callbacks = runs.training_callbacks(

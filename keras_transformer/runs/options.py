@@ -18,7 +18,8 @@ import dataclasses
 
 TRANSLATION = "translation"
 CLASSIFICATION = "classification"
-TASKS = (TRANSLATION, CLASSIFICATION)
+PRETRAINING = "pretraining"  # masked-language-model pre-training of a classifier's encoder
+TASKS = (TRANSLATION, CLASSIFICATION, PRETRAINING)
 
 TRANSLATION_DATASETS = ("demo", "multi30k", "files")
 # A classifier's corpora; "csv:PATH" names any file with text and label columns.
@@ -108,8 +109,41 @@ DEFAULTS = {
             **_HOW_TRAINING_RUNS,
             "projector_samples": 500,
             "attention_samples": 3,
+            # A pre-training run (`keras-transformer pretrain`) whose encoder,
+            # vocabulary and sizes this classifier starts from.
+            "init_from": None,
         },
         "evaluation": {"batch_size": 64},
+    },
+    PRETRAINING: {
+        "task": PRETRAINING,
+        "data": {
+            "dataset": "sst2",  # the training texts of a classification corpus (labels unused) ...
+            "data_dir": None,
+            "csv": None,
+            "val_csv": None,
+            "val_fraction": 0.1,
+            "labels": None,
+            "text": None,  # ... or a file of texts, one a line
+            "limit_train": None,
+            "limit_val": None,
+        },
+        "tokenizer": {"vocab_size": 16000, "lower_case": True},
+        # The encoder's sizes, which the classifier started from it takes over.
+        "model": {"num_layers": 2, "d_model": 128, "num_heads": 4, "d_ff": 256, "dropout": 0.1},
+        "training": {
+            "epochs": 10,
+            "max_length": 64,
+            "batch_size": 64,
+            "warmup_steps": 1000,
+            "learning_rate_scale": 1.0,
+            "mask_rate": 0.15,  # BERT's share of tokens hidden and predicted
+            "ema_momentum": None,
+            "steps_per_epoch": None,
+            "early_stopping": None,
+            **_HOW_TRAINING_RUNS,
+        },
+        "evaluation": {},
     },
 }
 
@@ -160,13 +194,17 @@ class Option:
         return f"{self.section}.{self.key}"
 
 
-_TRANSLATION, _CLASSIFICATION = (TRANSLATION,), (CLASSIFICATION,)  # rows for one task; the others take both
+# Rows for one task or two; the others take every task.
+_TRANSLATION, _CLASSIFICATION, _PRETRAINING = (TRANSLATION,), (CLASSIFICATION,), (PRETRAINING,)
+_TEXT_CORPORA = (CLASSIFICATION, PRETRAINING)
 
 OPTIONS = (
     # data
     Option("data", "dataset", help="the corpus", choices=TRANSLATION_DATASETS, tasks=_TRANSLATION),
     Option("data", "dataset", help="sst2, imdb, or csv:PATH (a file with text and label columns)",
-           tasks=_CLASSIFICATION),
+           tasks=_TEXT_CORPORA),
+    Option("data", "text", help="pre-train on this file's texts, one a line, instead of --dataset's",
+           metavar="FILE", tasks=_PRETRAINING),
     Option("data", "data_dir", help="the corpus directory (default $KERAS_TRANSFORMER_DATA/NAME or ../shared/data/NAME)"),
     Option("data", "direction", help="Multi30k: de-en or en-de", tasks=_TRANSLATION),
     *(
@@ -179,7 +217,7 @@ OPTIONS = (
         )
     ),
     Option("data", "val_csv", help="csv: the validation file (default: 10%% of the training file held back)",
-           tasks=_CLASSIFICATION),
+           tasks=_TEXT_CORPORA),
     Option("data", "limit_train", int, "use only the first N training examples", metavar="N"),
     Option("data", "limit_val", int, "use only the first N validation examples", metavar="N"),
     # tokenizer
@@ -226,11 +264,16 @@ OPTIONS = (
            choices=("float32", "mixed_float16", "mixed_bfloat16")),
     Option("training", "jit_compile", bool, "compile the training step with XLA", tasks=_TRANSLATION),
     Option("training", "seed", int, "the seed of every random choice"),
-    Option("training", "attention_samples", int, "validation examples whose attention goes to TensorBoard"),
+    Option("training", "attention_samples", int, "validation examples whose attention goes to TensorBoard",
+           tasks=(TRANSLATION, CLASSIFICATION)),
     Option("training", "bleu_samples", int, "validation pairs for the per-epoch BLEU in TensorBoard",
            tasks=_TRANSLATION),
     Option("training", "projector_samples", int, "validation texts whose [CLS] embeddings go to TensorBoard",
            tasks=_CLASSIFICATION),
+    Option("training", "init_from", help="start the encoder from this pre-training run (`keras-transformer "
+           "pretrain`): its vocabulary, sizes and weights", metavar="RUN_DIR", flag="--init-from",
+           tasks=_CLASSIFICATION),
+    Option("training", "mask_rate", float, "the share of tokens hidden and predicted", tasks=_PRETRAINING),
     # evaluation
     Option("evaluation", "beam_size", int, "beam size when this run translates (1: greedy)", tasks=_TRANSLATION),
 )

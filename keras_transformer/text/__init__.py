@@ -2,6 +2,8 @@
 
 from keras_transformer.text.tokenizer import (
     CLASSIFIER_TOKENS,
+    MASK,
+    PRETRAINING_TOKENS,
     CLS,
     TOKENIZER_SETTINGS,
     VOCAB_FILE,
@@ -14,4 +16,4 @@ from keras_transformer.text.tokenizer import (
     normalize,
 )
 
-__all__ = ["CLASSIFIER_TOKENS", "CLS", "TOKENIZER_SETTINGS", "VOCAB_FILE", "END", "PAD", "RESERVED_TOKENS", "START", "UNK", "WordPieceTokenizer", "normalize"]
+__all__ = ["CLASSIFIER_TOKENS", "CLS", "MASK", "PRETRAINING_TOKENS", "TOKENIZER_SETTINGS", "VOCAB_FILE", "END", "PAD", "RESERVED_TOKENS", "START", "UNK", "WordPieceTokenizer", "normalize"]

@@ -27,6 +27,10 @@ CLS = "[CLS]"
 # A saved tokenizer: a folder with these two files.
 VOCAB_FILE, TOKENIZER_SETTINGS = "vocab.txt", "tokenizer.json"
 CLASSIFIER_TOKENS = RESERVED_TOKENS + (CLS,)
+# Masked-language-model pre-training adds [MASK], the stand-in for a hidden
+# token; a classifier started from a pre-trained encoder keeps that vocabulary.
+MASK = "[MASK]"
+PRETRAINING_TOKENS = CLASSIFIER_TOKENS + (MASK,)
 
 # Vocabulary learning searches for a count threshold that yields the asked-for
 # size. The library's defaults search up to 10^7 and need 10 occurrences;
