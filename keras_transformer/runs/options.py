@@ -238,6 +238,9 @@ OPTIONS = (
            tasks=_TRANSLATION),
     Option("model", "tie_output", bool, "the output layer reuses the target embedding", tasks=_TRANSLATION),
     Option("model", "norm_first", bool, "LayerNorm before each sub-layer (pre-norm)", tasks=_TRANSLATION),
+    Option("model", "cross_attention_window", int, "local cross-attention: each target position sees the "
+           "2D+1 source positions around one it predicts, Gaussian-weighted (Luong et al.'s local-p)",
+           metavar="D", tasks=_TRANSLATION),
     Option("model", "pooling", help="what the head sees: [CLS], the mean, or a learned weight per token",
            choices=("cls", "mean", "attention"), tasks=_CLASSIFICATION),
     # training
