@@ -34,10 +34,6 @@ RECIPE = {
         "warmup_steps": 1000,
         "label_smoothing": 0.1,
         "early_stopping": 5,
-        # Validate, keep and translate with the moving average of the weights
-        # over about the last 1000 steps (~6 epochs): the paper's averaging of
-        # its last checkpoints (Section 6.1), done as training goes.
-        "ema_momentum": 0.999,
         "precision": "mixed_bfloat16",
     },
     "evaluation": {"beam_size": 4, "length_alpha": 0.6},

@@ -233,3 +233,7 @@ class TestPredictiveLocalAttention:
             kt.layers.MultiHeadAttention(num_heads=2, window_alignment="predictive")
         with pytest.raises(ValueError, match="window_alignment must be one of"):
             kt.layers.MultiHeadAttention(num_heads=2, sliding_window=2, window_alignment="gaussian")
+        token, attention = random(1, 1, 16), self.attention()
+        attention(token, token)
+        with pytest.raises(ValueError, match="not a decoding cache"):
+            attention(token, token, cache=attention.empty_cache(1, 4), cache_index=0)

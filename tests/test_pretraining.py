@@ -5,7 +5,6 @@ import json
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras_transformer as kt
 from keras_transformer import text
@@ -30,7 +29,6 @@ def test_masking_hides_a_share_of_real_words_and_labels_only_them():
     masked = (inputs[chosen] == MASK_ID).mean()
     kept = (inputs[chosen] == token_ids[chosen]).mean()
     assert 0.77 < masked < 0.83 and 0.08 < kept < 0.12
-    assert inputs[chosen].min() >= FIRST_WORD or (inputs[chosen] == MASK_ID).any()
     assert np.all((inputs >= FIRST_WORD) | np.isin(inputs, [0, 4, MASK_ID]))
     # The same seed, the same masks; another seed, others.
     again, _ = mask_tokens(token_ids, [3, 7], MASK_ID, VOCAB, FIRST_WORD)

@@ -441,6 +441,9 @@ class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
             queries = self._project_queries(query, scale_outputs=cache is not None)
 
         offset, valid_key_length = 0, None
+        if cache is not None and cache_index is not None and self.window_alignment == PREDICTIVE:
+            # p_t scales with the key count, which a growing self-attention cache does not have yet.
+            raise ValueError("predictive local attention is for a fixed context (cross-attention), not a decoding cache")
         if cache is not None and cache_index is not None:
             if new_keys_values is None:
                 new_keys_values = ops.stack([keys, values], axis=0)

@@ -18,7 +18,7 @@ import random
 from keras_transformer import data, models, text, training
 from keras_transformer.runs import classification
 from keras_transformer.runs import run_dir as runs
-from keras_transformer.runs.options import DEFAULTS, PRETRAINING
+from keras_transformer.runs.options import CLASSIFICATION, DEFAULTS, PRETRAINING
 
 logger = logging.getLogger("keras_transformer")
 
@@ -161,7 +161,7 @@ def classifier_config(config):
             model[name] = pretrained["model"][name]
     # The position table's size is the pre-training's; the classifier cuts its texts to its own max_length.
     model["max_length"] = pretrained["training"]["max_length"]
-    max_length = config.get("training", {}).get("max_length", DEFAULTS["classification"]["training"]["max_length"])
+    max_length = config.get("training", {}).get("max_length", DEFAULTS[CLASSIFICATION]["training"]["max_length"])
     if max_length > model["max_length"]:
         raise ValueError(
             f"--init-from {init_from}: max_length {max_length} is longer than the pre-training's "
