@@ -98,6 +98,7 @@ def build_parser():
     evaluate.add_argument("run_dir")
     evaluate.add_argument("--split", choices=["val", "test"], default="val", help="translation: the split")
     evaluate.add_argument("--beam-size", type=int, help="translation: default the run's")
+    evaluate.add_argument("--length-penalty", type=float, metavar="ALPHA", help="translation: default the run's")
     evaluate.add_argument("--csv", metavar="FILE", help="classification: a file with text and label columns "
                           "(default: the run's validation set)")
     evaluate.add_argument("--batch-size", type=int)
@@ -149,6 +150,15 @@ def build_parser():
     plot.add_argument("--heads", type=int, nargs="+", help="default: all")
     plot.add_argument("--beam-size", type=int, help="default: the run's evaluation setting")
     plot.set_defaults(handler=_plot_attention)
+
+    average = commands.add_parser(
+        "average-checkpoints",
+        help="a new run whose model averages a run's last epoch checkpoints (trained with --keep-checkpoints N)",
+    )
+    average.add_argument("run_dir")
+    average.add_argument("--out", required=True, help="the new run directory (must not exist yet)")
+    average.add_argument("--last", type=int, metavar="N", help="average the newest N kept (default: all)")
+    average.set_defaults(handler=_average_checkpoints)
     return parser
 
 
@@ -280,14 +290,16 @@ def _evaluate(arguments):
         if arguments.csv:
             raise ValueError(f"--csv is for classifier runs; {arguments.run_dir} is a translation run")
         scores, samples = task_module(task).evaluate(
-            arguments.run_dir, arguments.split, arguments.beam_size, arguments.batch_size
+            arguments.run_dir, arguments.split, arguments.beam_size, arguments.batch_size, arguments.length_penalty
         )
         _report_translation(scores, samples)
         print(f"\nhypotheses: {scores['hypotheses']}")
         print(json.dumps({key: scores[key] for key in ("bleu", "bleu_lowercase", "chrf")}))
     else:
-        if arguments.beam_size or arguments.split != "val":
-            raise ValueError(f"--beam-size and --split are for translation runs; {arguments.run_dir} is a classifier")
+        if arguments.beam_size or arguments.length_penalty is not None or arguments.split != "val":
+            raise ValueError(
+                f"--beam-size, --length-penalty and --split are for translation runs; {arguments.run_dir} is a classifier"
+            )
         _report_classification(task_module(task).evaluate(arguments.run_dir, arguments.csv, arguments.batch_size))
 
 
@@ -315,6 +327,14 @@ def _translate(arguments):
         translations = translation.translate(arguments.run_dir, sentences, arguments.beam_size)
     for sentence in translations:
         print(sentence)
+
+
+def _average_checkpoints(arguments):
+    from keras_transformer.runs import run_dir as runs
+
+    epochs = runs.average_checkpoints(arguments.run_dir, arguments.out, arguments.last)
+    print(f"{arguments.out}: the mean of epochs {', '.join(map(str, epochs))} of {arguments.run_dir}")
+    print(f"evaluate it: keras-transformer evaluate {arguments.out}")
 
 
 def _classify(arguments):

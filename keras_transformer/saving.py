@@ -123,6 +123,31 @@ def load_weights(model, path):
         raise DamagedFileError(f"{path} does not hold this model's weights ({first_line(error)})") from None
 
 
+def average_weights(model, paths):
+    """Put the mean of the weights files `paths` (`.weights.h5` of `model`) into `model`.
+
+    Checkpoint averaging (the paper, section 6.1). Floating-point weights
+    are averaged (in float64, then cast back); any other variable (a seed
+    generator's state, a counter) takes the last file's value. Raises a
+    `DamagedFileError` naming a file that does not hold this model's weights.
+    """
+    if not paths:
+        raise ValueError("no weights files to average")
+    sums = None
+    for path in paths:
+        load_weights(model, path)
+        values = [keras.ops.convert_to_numpy(weight) for weight in model.weights]
+        if sums is None:
+            sums = [value.astype("float64") for value in values]
+        else:
+            for total, value in zip(sums, values):
+                total += value
+    for weight, total in zip(model.weights, sums):
+        if keras.backend.is_float_dtype(weight.dtype):
+            weight.assign((total / len(paths)).astype(weight.dtype))
+    return model
+
+
 def _open_archive(path):
     try:
         archive = zipfile.ZipFile(path)

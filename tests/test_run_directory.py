@@ -287,3 +287,52 @@ def test_the_console_command_prints_one_line_for_a_damaged_model(trained, tmp_pa
     assert result.returncode == 2 and "Traceback" not in result.stderr
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("keras-transformer:")]
     assert str(run / "model.keras") in line
+
+
+@pytest.mark.slow
+def test_averaged_checkpoints_make_a_new_run_that_holds_their_mean(tmp_path):
+    import h5py
+    import numpy as np
+
+    run = tmp_path / "run"
+    cli("train", *SMALL_RUN, "--epochs", 4, "--keep-checkpoints", 3, "--out", run)
+    kept = sorted(path.name for path in (run / "checkpoints").glob("epoch-*"))
+    assert kept == ["epoch-002.weights.h5", "epoch-003.weights.h5", "epoch-004.weights.h5"]
+    model_bytes = (run / "model.keras").read_bytes()
+
+    averaged = tmp_path / "averaged"
+    result = cli("average-checkpoints", run, "--out", averaged, "--last", 2)
+    assert "epochs 3, 4" in result.stdout
+    assert json.loads((averaged / "metrics.json").read_text())["averaged"]["epochs"] == [3, 4]
+    # The new run's model holds the element-wise mean of the two files, weight by weight.
+    def arrays(weights_file):
+        with h5py.File(weights_file, "r") as file:
+            found = {}
+            file.visititems(lambda name, item: found.__setitem__(name, item[()]) if isinstance(item, h5py.Dataset) else None)
+            return found
+
+    with zipfile.ZipFile(averaged / "model.keras") as archive:
+        archive.extract("model.weights.h5", tmp_path)
+    mean_of = [arrays(run / "checkpoints" / name) for name in kept[1:]]
+    got = arrays(tmp_path / "model.weights.h5")
+    # (A checkpoint also holds the optimizer's state, which a model file does not.)
+    assert len(got) > 4 and set(got) <= set(mean_of[0])
+    for name, value in got.items():
+        np.testing.assert_allclose(value, (mean_of[0][name] + mean_of[1][name]) / 2, rtol=1e-6, atol=1e-7)
+    # It is a run like any other, and the run it came from is as it was.
+    assert cli("translate", averaged, "der hund sieht eine katze .", "--beam-size", 1).stdout.strip()
+    assert (run / "model.keras").read_bytes() == model_bytes
+
+    # What cannot be done is refused in one line, and nothing is written.
+    refusals = {
+        "already exists": ("average-checkpoints", run, "--out", averaged),
+        "between 1 and 3": ("average-checkpoints", run, "--out", tmp_path / "more", "--last", 4),
+        "kept no epoch checkpoints": ("average-checkpoints", averaged, "--out", tmp_path / "again"),
+    }
+    for reason, arguments in refusals.items():
+        refused = cli(*arguments, check=False)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        (line,) = [line for line in refused.stderr.splitlines() if line.startswith("keras-transformer:")]
+        assert reason in line
+    assert not (tmp_path / "more").exists() and not (tmp_path / "again").exists()
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".incomplete")]

@@ -33,6 +33,8 @@ _HOW_TRAINING_RUNS = {
     "cpu_replicas": None,
     "cluster_timeout": 300,
     "save_every_steps": None,
+    # Keep the last N epochs' weights for `keras-transformer average-checkpoints`.
+    "keep_checkpoints": None,
     "precision": "float32",
     "jit_compile": False,
     "seed": 0,
@@ -263,6 +265,8 @@ OPTIONS = (
     Option("training", "cluster_timeout", int, "seconds a worker waits for the rest of its cluster", metavar="SECONDS"),
     Option("training", "save_every_steps", int, "back the training state up every N steps too, not only after "
            "each epoch (a kill loses at most N steps)", metavar="N"),
+    Option("training", "keep_checkpoints", int, "keep the last N epochs' weights too, for "
+           "`keras-transformer average-checkpoints` (the paper averages its last 5)", metavar="N"),
     Option("training", "precision", help="float32, or mixed precision",
            choices=("float32", "mixed_float16", "mixed_bfloat16")),
     Option("training", "jit_compile", bool, "compile the training step with XLA", tasks=_TRANSLATION),

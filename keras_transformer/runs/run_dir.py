@@ -6,7 +6,8 @@
                        a classifier's vocabulary is vocab/ itself)
       labels.txt       a classifier's class names, one a line, in label-id order
       model.keras      the trained model (the best validation checkpoint)
-      checkpoints/     best.weights.h5, updated during training
+      checkpoints/     best.weights.h5, updated during training; with --keep-checkpoints N,
+                       epoch-NNN.weights.h5 of the last N epochs too (`average_checkpoints`)
       backup/          the training state (training.TrainingBackup): a killed run resumes where it stopped
       logs/            TensorBoard (train/, validation/, samples/, embeddings/)
       history.csv      one row per epoch
@@ -42,6 +43,7 @@ LABELS = "labels.txt"
 MODEL = "model.keras"
 CHECKPOINTS = "checkpoints"
 BEST_CHECKPOINT = os.path.join(CHECKPOINTS, "best.weights.h5")
+EPOCH_CHECKPOINT = os.path.join(CHECKPOINTS, "epoch-{epoch:03d}.weights.h5")
 BACKUP = "backup"
 LOGS = "logs"
 HISTORY = "history.csv"
@@ -56,6 +58,7 @@ RUN_FILES = (CONFIG, VOCAB, LABELS, MODEL, CHECKPOINTS, BACKUP, LOGS, HISTORY, M
 CONTINUABLE_SETTINGS = {
     "training": (
         "epochs", "attention_samples", "bleu_samples", "projector_samples", "cluster_timeout", "save_every_steps",
+        "keep_checkpoints",
     ),
     "evaluation": None,
 }
@@ -306,6 +309,8 @@ def training_callbacks(run_dir, settings, state, epoch_variables=(), averaged_we
         epoch_variables=epoch_variables,
         best_so_far=state.best_so_far,
         save_every_steps=settings.get("save_every_steps"),
+        epoch_checkpoints=path(run_dir, EPOCH_CHECKPOINT),
+        keep_checkpoints=settings.get("keep_checkpoints"),
     )
 
 
@@ -419,6 +424,60 @@ def load_trained_model(run_dir, build_model):
     model = build_model()
     saving.load_weights(model, checkpoint)
     return model
+
+
+def average_checkpoints(run_dir, out_dir, last=None):
+    """A new run directory `out_dir` whose model is the mean of `run_dir`'s last epoch checkpoints.
+
+    Checkpoint averaging, the paper's section 6.1: a run trained with
+    `keep_checkpoints=N` keeps its last N epochs' weights; this averages the
+    newest `last` of them (default: all kept). `out_dir` gets the run's
+    config, vocabulary, labels and history, and the averaged `model.keras`,
+    so `evaluate`, `translate`, `classify` and `export` work on it as on any
+    finished run; `run_dir` is left as it was. `out_dir` must not exist yet
+    (or be empty): nothing the user has is overwritten. Returns the epochs
+    averaged.
+    """
+    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
+        raise FileExistsError(f"{out_dir} already exists: averaging writes a new run directory, choose another")
+    if not os.path.exists(path(run_dir, MODEL)):
+        read_config(run_dir)  # not a run directory at all: say that first
+        raise FileNotFoundError(f"{run_dir} has no {MODEL}: average its checkpoints once its training has finished")
+    files = training.epoch_checkpoint_files(path(run_dir, EPOCH_CHECKPOINT))
+    if not files:
+        raise FileNotFoundError(
+            f"{run_dir} kept no epoch checkpoints: train it with --keep-checkpoints N to average its last N epochs"
+        )
+    last = len(files) if last is None else last
+    if not 1 <= last <= len(files):
+        raise ValueError(f"--last must be between 1 and {len(files)} (the epoch checkpoints {run_dir} kept), got {last}")
+    epochs = [epoch for epoch, _ in files[-last:]]
+    model = saving.average_weights(saving.load_model(path(run_dir, MODEL)), [name for _, name in files[-last:]])
+
+    # Written beside its final place and renamed into it: a kill leaves no half run.
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".incomplete-", dir=parent)
+    try:
+        for name in (CONFIG, VOCAB, LABELS, HISTORY):
+            source = path(run_dir, name)
+            if os.path.isdir(source):
+                shutil.copytree(source, path(staging, name))
+            elif os.path.exists(source):
+                shutil.copy2(source, path(staging, name))
+        saving.save_model(model, path(staging, MODEL))
+        training_metrics = read_metrics(run_dir).get("training", {})
+        saving.write_json(
+            path(staging, METRICS),
+            {"training": training_metrics, "averaged": {"run": os.path.abspath(run_dir), "epochs": epochs}},
+        )
+        if os.path.isdir(out_dir):
+            os.rmdir(out_dir)  # empty, checked above
+        os.replace(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return epochs
 
 
 def learn_or_load_tokenizer(run_dir, name, texts, vocab_size, lower_case, reserved_tokens=None):

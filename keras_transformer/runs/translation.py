@@ -222,10 +222,10 @@ def load_translator(run_dir, beam_size=None, length_alpha=None, max_extra_length
     )
 
 
-def evaluate(run_dir, split="val", beam_size=None, batch_size=None):
+def evaluate(run_dir, split="val", beam_size=None, batch_size=None, length_alpha=None):
     """Translate a split, write `hypotheses.<split>.txt`, return and record BLEU/chrF."""
     config = load_config(run_dir)
-    translator = load_translator(run_dir, beam_size=beam_size)
+    translator = load_translator(run_dir, beam_size=beam_size, length_alpha=length_alpha)
     pairs = load_pairs(config["data"], (split,))[split]
     started = time.time()
     hypotheses = translator.translate([source for source, _ in pairs], batch_size=batch_size or config["evaluation"]["batch_size"])
@@ -234,7 +234,9 @@ def evaluate(run_dir, split="val", beam_size=None, batch_size=None):
     with open(path, "w", encoding="utf-8") as file:
         file.write("\n".join(hypotheses) + "\n")
     scores = evaluation.translation_scores(hypotheses, [target for _, target in pairs])
-    scores.update(beam_size=translator.beam_size, seconds=round(seconds, 1), hypotheses=path)
+    scores.update(
+        beam_size=translator.beam_size, length_alpha=translator.length_alpha, seconds=round(seconds, 1), hypotheses=path
+    )
     runs.update_metrics(run_dir, {split: scores})
     samples = [
         {"source": source, "reference": reference, "translation": hypothesis}

@@ -1,7 +1,14 @@
 """Training: schedule, loss, metrics, strategy and precision, callbacks."""
 
 from keras_transformer.training.backup import TrainingBackup, TrainingInterrupted, read_backup
-from keras_transformer.training.callbacks import AveragedWeights, EpochSeeds, LearningRateLogger, training_callbacks
+from keras_transformer.training.callbacks import (
+    AveragedWeights,
+    EpochCheckpoints,
+    EpochSeeds,
+    LearningRateLogger,
+    epoch_checkpoint_files,
+    training_callbacks,
+)
 from keras_transformer.training.distribution import (
     PRECISIONS,
     STRATEGIES,
@@ -20,6 +27,7 @@ from keras_transformer.training.schedule import TransformerSchedule, transformer
 
 __all__ = [
     "AveragedWeights",
+    "EpochCheckpoints",
     "EpochSeeds",
     "FusedAdam",
     "LearningRateLogger",
@@ -30,6 +38,7 @@ __all__ = [
     "STRATEGIES",
     "TrainingBackup",
     "TrainingInterrupted",
+    "epoch_checkpoint_files",
     "cluster_addresses",
     "is_chief",
     "local_cluster",

@@ -1,9 +1,13 @@
 """Callbacks that `fit` needs for a real training run."""
 
+import glob
+import os
+
 import keras
 import numpy as np
 from keras import ops
 
+from keras_transformer import saving
 from keras_transformer.training.backup import TrainingBackup, seed_generator_states
 
 
@@ -65,6 +69,51 @@ class AveragedWeights(keras.callbacks.SwapEMAWeights):
         super().on_epoch_begin(epoch, logs)
 
 
+class EpochCheckpoints(keras.callbacks.Callback):
+    """Keep the weights of the last `keep` epochs, one file each, for checkpoint averaging.
+
+    The paper's models are the average of their last checkpoints (section
+    6.1: the last 5 for base models, written at 10-minute intervals): single
+    weights carry the noise of their last updates, and their average sits
+    nearer the middle of the valley the updates circle in. At the end of each
+    epoch this writes `pattern.format(epoch=N)` (N counting from 1, so a
+    resumed run numbers on) and removes the oldest files beyond `keep`;
+    `keras_transformer.saving.average_weights` averages them.
+
+    Args:
+        pattern: the files' path with an `{epoch}` field, e.g.
+            `"checkpoints/epoch-{epoch:03d}.weights.h5"`.
+        keep: how many of the newest files stay.
+
+    Example:
+    >>> model.fit(train, epochs=20, callbacks=[EpochCheckpoints("ckpt/epoch-{epoch:03d}.weights.h5", keep=5)])
+    """
+
+    def __init__(self, pattern, keep):
+        super().__init__()
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, got {keep}")
+        self.pattern = pattern
+        self.keep = keep
+
+    def on_epoch_end(self, epoch, logs=None):
+        saving.replace_whole(self.pattern.format(epoch=epoch + 1), self.model.save_weights)
+        for _, stale in epoch_checkpoint_files(self.pattern)[: -self.keep]:
+            os.remove(stale)
+
+
+def epoch_checkpoint_files(pattern):
+    """`[(epoch, path), ...]` of the files `EpochCheckpoints(pattern, ...)` has kept, oldest first."""
+    prefix, _, rest = pattern.partition("{")
+    suffix = rest.partition("}")[2]
+    numbered = []
+    for name in glob.glob(glob.escape(prefix) + "*" + glob.escape(suffix)):
+        number = name[len(prefix): len(name) - len(suffix)]
+        if number.isdigit():  # not a rename's staging file
+            numbered.append((int(number), name))
+    return sorted(numbered)
+
+
 class EpochSeeds(keras.callbacks.Callback):
     """Make each epoch's randomness depend on the seed and the epoch number alone.
 
@@ -120,6 +169,8 @@ def training_callbacks(
     epoch_variables=(),
     best_so_far=None,
     save_every_steps=None,
+    epoch_checkpoints=None,
+    keep_checkpoints=None,
 ):
     """The standard set: checkpoint the best model, resume after a kill, log, stop on NaN.
 
@@ -140,7 +191,9 @@ def training_callbacks(
     `best_so_far`, the best `monitor` value of the epochs already trained,
     keeps a resumed run from replacing the best checkpoint with a worse one.
     The backup stays after training, so a finished run can be trained for
-    more epochs.
+    more epochs. With `keep_checkpoints=N`, the last N epochs' weights are
+    kept too (`EpochCheckpoints`, files named by the `epoch_checkpoints`
+    pattern), for averaging.
     """
     callbacks = [AveragedWeights()] if averaged_weights else []
     callbacks += [
@@ -154,6 +207,7 @@ def training_callbacks(
             save_weights_only=True,
             initial_value_threshold=best_so_far,
         ),
+        *([EpochCheckpoints(epoch_checkpoints, keep_checkpoints)] if keep_checkpoints else []),
         keras.callbacks.CSVLogger(history_path, append=True),
         # After the history row: a kill between the two retrains the epoch, never skips it.
         TrainingBackup(backup_dir, save_every_steps),
