@@ -32,22 +32,27 @@ def build_keras_model(name, config=SMALL):
     return builders[name](config)
 
 
-def build_optimizer(name, learning_rate=1e-4):
-    """Adam for every contender: each library's own (ours fuses the update into one kernel)."""
-    if name == "keras_transformer":
+def build_optimizer(name, learning_rate=1e-4, stock=False):
+    """Adam for every contender: each library's own (ours fuses the update into one kernel).
+
+    `stock=True`: Keras' own Adam whatever the contender, as a user who
+    compiles our layers their own way would.
+    """
+    if name == "keras_transformer" and not stock:
         from keras_transformer.training import FusedAdam
 
         return FusedAdam(learning_rate)
     return keras.optimizers.Adam(learning_rate)
 
 
-def build_loss(name):
+def build_loss(name, stock=False):
     """Cross-entropy from logits, no label smoothing: each library's own where it has one.
 
     Ours is `MaskedSparseCrossEntropy` (it also skips padding, which these
-    batches have none of); the others use Keras' sparse cross-entropy.
+    batches have none of); the others (and ours with `stock=True`) use
+    Keras' sparse cross-entropy.
     """
-    if name == "keras_transformer":
+    if name == "keras_transformer" and not stock:
         from keras_transformer.training import MaskedSparseCrossEntropy
 
         return MaskedSparseCrossEntropy(label_smoothing=0.0)

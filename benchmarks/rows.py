@@ -1,7 +1,8 @@
 """One benchmark row per process; prints its result as one JSON line.
 
-    python benchmarks/rows.py train  --model keras_transformer --dtype bfloat16 [--jit]
+    python benchmarks/rows.py train  --model keras_transformer --dtype bfloat16 [--jit] [--stock]
     python benchmarks/rows.py decode --model keras_transformer --search greedy [--no-cache] [--jit]
+    python benchmarks/rows.py decode --model keras_hub --driver while_loop [--jit]
     python benchmarks/rows.py roofline
 
 `suite.py` runs every row in its own process, so that each starts from a
@@ -65,6 +66,7 @@ def train_row(args):
         "model": args.model,
         "dtype": args.dtype,
         "jit": args.jit,
+        "stock": args.stock,
         "tokens_per_s": result["rate"],
         "window_rates": result["window_rates"],
         "window_steps": result["window_steps"],
@@ -87,8 +89,8 @@ def _train_keras(args, config, batches, windows):
     keras.utils.set_random_seed(0)
     model = build_keras_model(args.model, config)
     model.compile(
-        optimizer=build_optimizer(args.model),
-        loss=build_loss(args.model),
+        optimizer=build_optimizer(args.model, stock=args.stock),
+        loss=build_loss(args.model, stock=args.stock),
         jit_compile=args.jit,
     )
     # Every Keras row makes its weights and Adam's moments before `fit`; left
@@ -150,6 +152,7 @@ def decode_row(args):
         "search": args.search,
         "cache": not args.no_cache,
         "jit": args.jit,
+        "driver": args.driver if args.model == "keras_hub" else None,
         "sentences_per_s": result["rate"],
         "window_rates": result["window_rates"],
         "window_steps": result["window_steps"],
@@ -173,7 +176,13 @@ def _our_decoder(args, config):
 
 
 def _keras_hub_decoder(args, config):
-    """keras-hub's cached decoding: `TransformerDecoder` caches driven by its `GreedySampler`."""
+    """keras-hub's cached decoding: `TransformerDecoder` caches driven by its `GreedySampler`.
+
+    `args.driver == "while_loop"`: the same caches and step in a plain
+    `tf.while_loop` that takes the argmax, keras-hub's layers at their best
+    (the sampler also computes probabilities and checks for end tokens at
+    every step).
+    """
     import keras_hub
     import tensorflow as tf
     from keras import ops
@@ -231,7 +240,16 @@ def _keras_hub_decoder(args, config):
 
         start = ops.ones((batch, 1), "int32")
         prompt = ops.concatenate([start, ops.zeros((batch, NEW_TOKENS), "int32")], axis=1)
-        return sampler(next_token, prompt, cache=self_caches, index=1)[:, 1:]
+        if args.driver == "sampler":
+            return sampler(next_token, prompt, cache=self_caches, index=1)[:, 1:]
+
+        def body(index, prompt, cache):
+            logits, _, cache = next_token(prompt, cache, index)
+            best = ops.cast(ops.argmax(logits, axis=-1), "int32")
+            return index + 1, ops.slice_update(prompt, [0, index], best[:, None]), cache
+
+        _, prompt, _ = tf.while_loop(lambda index, *_: index <= NEW_TOKENS, body, (1, prompt, self_caches))
+        return prompt[:, 1:]
 
     return tf.function(generate, jit_compile=args.jit)
 
@@ -277,6 +295,11 @@ def main(argv=None):
     parser.add_argument("--search", choices=["greedy", "beam"], default="greedy")
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--no-cache", action="store_true", help="recompute the prefix at every step")
+    parser.add_argument("--stock", action="store_true", help="train: Keras' Adam and sparse cross-entropy, any model")
+    parser.add_argument(
+        "--driver", choices=["sampler", "while_loop"], default="sampler",
+        help="decode, keras_hub: its GreedySampler, or a plain tf.while_loop around the same step",
+    )
     parser.add_argument("--windows", type=int, default=3)
     parser.add_argument("--window-seconds", type=float, default=10.0)
     parser.add_argument(
