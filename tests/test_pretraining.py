@@ -37,6 +37,22 @@ def test_masking_hides_a_share_of_real_words_and_labels_only_them():
     assert (other.numpy() != inputs).any()
 
 
+def test_the_hidden_positions_list_every_hidden_token_once_and_nothing_else():
+    labels = np.random.default_rng(2).integers(0, 2, size=(30, 20)) * np.arange(1, 21)
+    labels[3] = 0  # a row with nothing hidden
+    positions, hidden_labels = (value.numpy() for value in kt.data.hidden_positions(labels))
+    assert positions.shape == hidden_labels.shape == (30, (labels != 0).sum(axis=1).max())
+    # Put back where they came from, the labels are the full rows again.
+    rebuilt = np.zeros_like(labels)
+    np.put_along_axis(rebuilt, positions, hidden_labels, axis=1)
+    np.testing.assert_array_equal(rebuilt, labels)
+    # Each hidden position once, in order, before the filler (label 0).
+    for row in range(30):
+        count = (labels[row] != 0).sum()
+        np.testing.assert_array_equal(positions[row, :count], np.flatnonzero(labels[row]))
+        assert (hidden_labels[row, count:] == 0).all()
+
+
 def test_the_masked_language_model_ties_its_output_to_the_embedding(tmp_path):
     model = kt.models.MaskedLanguageModel(vocab_size=40, num_layers=1, d_model=16, num_heads=2, d_ff=32, max_length=12)
     token_ids = np.random.default_rng(1).integers(1, 40, size=(3, 10)).astype("int32")
@@ -44,6 +60,12 @@ def test_the_masked_language_model_ties_its_output_to_the_embedding(tmp_path):
     assert tuple(logits.shape) == (3, 10, 40) and logits.dtype == "float32"
     # One matrix for reading and predicting: no separate output kernel.
     assert sum(int(np.prod(weight.shape)) == 40 * 16 for weight in model.weights) == 1
+    # Scoring only the hidden positions (what training does) gives those positions' logits.
+    positions = np.array([[2, 5], [0, 9], [7, 7]], "int32")
+    at_positions = keras.ops.convert_to_numpy(model((token_ids, positions)))
+    np.testing.assert_allclose(
+        at_positions, np.take_along_axis(keras.ops.convert_to_numpy(logits), positions[..., None], axis=1), atol=1e-5
+    )
     model.save(tmp_path / "mlm.keras")
     reloaded = keras.saving.load_model(tmp_path / "mlm.keras")
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(reloaded(token_ids)), keras.ops.convert_to_numpy(logits))
@@ -59,7 +81,8 @@ def test_pretraining_batches_mask_anew_each_epoch_and_the_same_after_a_restart()
     def epoch_inputs(epoch_number):
         dataset, epoch = kt.data.make_pretraining_batches(texts, tokenizer, 16, 4, shuffle=True, seed=0)
         epoch.assign(epoch_number)
-        return np.concatenate([inputs.numpy() for inputs, _ in dataset])
+        batches = list(dataset)
+        return np.concatenate([token_ids.numpy() for (token_ids, _), _ in batches])
 
     first, second = epoch_inputs(0), epoch_inputs(1)
     assert (first != second).any()

@@ -22,6 +22,7 @@ from keras_transformer.data.sentiment import (
 )
 from keras_transformer.data.pipeline import (
     TranslationBatches,
+    hidden_positions,
     make_classification_batches,
     make_pretraining_batches,
     make_translation_batches,
@@ -34,6 +35,7 @@ __all__ = [
     "TranslationBatches",
     "dataset_directory",
     "demo_corpus",
+    "hidden_positions",
     "hold_out",
     "load_imdb",
     "load_labelled_csv",

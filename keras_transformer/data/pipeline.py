@@ -309,12 +309,32 @@ def mask_tokens(token_ids, seed, mask_id, vocab_size, first_word_id, rate=0.15):
     return inputs, labels
 
 
+def hidden_positions(labels):
+    """Where `mask_tokens` hid tokens: `(positions, labels)`, both `(batch, most hidden in one row)` int32.
+
+    The output layer of a masked language model is as wide as the vocabulary,
+    and most positions have nothing to predict: scoring only the hidden ones
+    (BERT's `masked_lm_positions`) makes it about 1 / rate times cheaper.
+    Each row lists its hidden positions in order, then positions with label 0
+    (nothing to predict: the loss skips them) to fill the row.
+
+    Example:
+    >>> hidden_positions(tf.constant([[0, 7, 0, 9], [3, 0, 0, 0]]))  # ([[1, 3], [0, 1]], [[7, 9], [3, 0]])
+    """
+    labels = tf.convert_to_tensor(labels, tf.int32)
+    hidden = tf.cast(labels != 0, tf.int32)
+    width = tf.reduce_max(tf.reduce_sum(hidden, axis=1))
+    # A stable sort on "not hidden" puts each row's hidden positions first, in order.
+    positions = tf.argsort(1 - hidden, axis=1, stable=True)[:, :width]
+    return positions, tf.gather(labels, positions, batch_dims=1)
+
+
 def make_pretraining_batches(
     texts, tokenizer, max_length, batch_size, shuffle=False, seed=0, rate=0.15, drop_remainder=False
 ):
-    """Unlabelled texts -> `(corrupted ids, labels)` batches for masked-language-model pre-training.
+    """Unlabelled texts -> `((corrupted ids, hidden positions), labels)` batches for masked-language-model pre-training.
 
-        texts -> shuffle each epoch -> batch -> [CLS] + pieces -> mask_tokens -> prefetch
+        texts -> shuffle each epoch -> batch -> [CLS] + pieces -> mask_tokens -> hidden_positions -> prefetch
 
     The masks are drawn anew every epoch (RoBERTa's dynamic masking: the
     model sees each sentence with different holes) from the seed, the epoch
@@ -329,7 +349,11 @@ def make_pretraining_batches(
         rate: the share of tokens to predict (0.15 in BERT).
 
     Returns:
-        `(dataset, epoch)` as `make_classification_batches` returns them.
+        `(dataset, epoch)` as `make_classification_batches` returns them; the
+        dataset's elements are `((token_ids, positions), labels)`: the ids
+        `(batch, length)` with tokens hidden, and the hidden tokens' positions and
+        original ids `(batch, hidden)` (`hidden_positions`), what
+        `MaskedLanguageModel` takes and its loss reads.
     """
     from keras_transformer.text import MASK, PRETRAINING_TOKENS
 
@@ -346,7 +370,9 @@ def make_pretraining_batches(
         # Validation (no shuffle) is masked the same way every epoch.
         this_epoch = epoch.read_value() if epoch is not None else tf.constant(0, tf.int64)
         batch_seed = tf.stack([tf.cast(seed, tf.int64) * 1_000_003 + this_epoch, index])
-        return mask_tokens(token_ids, batch_seed, mask_id, vocab_size, len(PRETRAINING_TOKENS), rate)
+        inputs, labels = mask_tokens(token_ids, batch_seed, mask_id, vocab_size, len(PRETRAINING_TOKENS), rate)
+        positions, hidden_labels = hidden_positions(labels)
+        return (inputs, positions), hidden_labels
 
     dataset = dataset.enumerate().map(corrupt, num_parallel_calls=tf.data.AUTOTUNE)
     return dataset.apply(tf.data.experimental.assert_cardinality(dataset.cardinality())).prefetch(

@@ -1,6 +1,6 @@
 """Masked-language-model pre-training of the encoder: BERT's first task on our `Encoder`.
 
-    corrupted ids ([CLS] w1 [MASK] w3 ...) -> Encoder -> transform -> tied output -> logits per position
+    corrupted ids ([CLS] w1 [MASK] w3 ...) -> Encoder -> the hidden positions' states -> transform -> tied output -> logits
 
 A classifier trained from scratch on 67k labelled phrases learns its word
 meanings from those labels alone. Pre-training learns them from text, labels
@@ -34,13 +34,16 @@ class MaskedLanguageModel(MultiWorkerFit, Hyperparameters, keras.Model):
         `TransformerClassifier`, which takes this encoder over).
 
     Call arguments:
-        token_ids: `(batch, length)` ids with some replaced by `[MASK]`
-            (`data.mask_tokens`); 0 is padding.
+        inputs: `token_ids`, `(batch, length)` ids with some replaced by
+            `[MASK]` (`data.mask_tokens`), 0 padding; or `(token_ids, positions)`
+            with `positions` `(batch, hidden)` int32, the positions to predict
+            (`data.hidden_positions`; what training passes).
         training: whether dropout is active.
 
     Returns:
-        logits `(batch, length, vocab_size)`, float32: the predicted original
-        token at every position (the loss reads the chosen ones).
+        logits, float32: the predicted original token at every position,
+        `(batch, length, vocab_size)`, or at the given positions only,
+        `(batch, hidden, vocab_size)`.
 
     Example:
     >>> model = MaskedLanguageModel(vocab_size=8000, num_layers=2, d_model=128, num_heads=4,
@@ -92,8 +95,13 @@ class MaskedLanguageModel(MultiWorkerFit, Hyperparameters, keras.Model):
         self.transform_norm.build(hidden_shape)
         self.output_bias = self.add_weight(name="output_bias", shape=(self.vocab_size,), initializer="zeros")
 
-    def call(self, token_ids, training=None):
+    def call(self, inputs, training=None):
+        token_ids, positions = inputs if isinstance(inputs, (tuple, list)) else (inputs, None)
         states = self.encoder(token_ids, training=training)
+        if positions is not None:
+            # Only the hidden tokens are scored: the output layer's cost, which
+            # grows with the vocabulary, is paid for 15% of the positions.
+            states = ops.take_along_axis(states, ops.expand_dims(positions, -1), axis=1)
         hidden = self.transform_norm(self.transform(states))
         embedding = ops.cast(self.encoder.embedding.embeddings, hidden.dtype)
         logits = ops.matmul(hidden, ops.transpose(embedding)) + ops.cast(self.output_bias, hidden.dtype)
