@@ -41,9 +41,10 @@ RECIPES = {
         "data": {"dataset": "imdb", "val_fraction": 0.1},
         "tokenizer": {"vocab_size": 16000, "lower_case": True},
         "model": {"num_layers": 2, "d_model": 128, "num_heads": 4, "d_ff": 256, "dropout": 0.3},
-        # The first 255 pieces of each review (most of a typical one), at SST-2's gentler peak learning rate.
+        # The first 511 pieces of each review: all of 87% of the reviews (255 pieces
+        # held all of 59%, and reached 0.881, not 0.891), at half the default peak learning rate.
         "training": {
-            "epochs": 3, "max_length": 256, "batch_size": 32, "warmup_steps": 1000,
+            "epochs": 3, "max_length": 512, "batch_size": 32, "warmup_steps": 1000,
             "learning_rate_scale": 0.5, "early_stopping": 2,
         },
     },

@@ -1,6 +1,7 @@
 """Masked-language-model pre-training: BERT's masking, `pretrain`, and a classifier started from it."""
 
 import json
+import shutil
 
 import keras
 import numpy as np
@@ -128,6 +129,16 @@ def test_pretrain_then_a_classifier_starts_from_its_encoder(tmp_path, capsys):
     for ours, theirs in zip(classifier.model.encoder.get_weights(), pretraining.pretrained_encoder_weights(str(pretrained))):
         np.testing.assert_allclose(ours, theirs, atol=1e-6)
     capsys.readouterr()
+
+    # A pre-training stopped midway (no model.keras yet) lends its best epoch's encoder.
+    midway = tmp_path / "midway"
+    shutil.copytree(pretrained, midway)
+    (midway / "model.keras").unlink()
+    midway_config = {"training": {"init_from": str(midway), "max_length": 16}}
+    assert pretraining.classifier_config(midway_config)["model"]["d_model"] == 32
+    for ours, theirs in zip(pretraining.pretrained_encoder_weights(str(midway)),
+                            pretraining.pretrained_encoder_weights(str(pretrained))):
+        np.testing.assert_array_equal(ours, theirs)
 
     # Sizes that do not fit, or a run that is no pre-training, are refused in one line.
     assert cli.main(["train-classifier", *corpus, "--d-model", "64", "--init-from", str(pretrained),

@@ -134,8 +134,11 @@ def _check_is_pretraining_run(run_dir):
     task = runs.task_of(run_dir)
     if task != PRETRAINING:
         raise ValueError(f"--init-from needs a pre-training run (keras-transformer pretrain); {run_dir} is a {task} run")
-    if not os.path.exists(runs.path(run_dir, runs.MODEL)):
-        raise FileNotFoundError(f"--init-from {run_dir}: its training has not finished an epoch (no {runs.MODEL})")
+    # A run stopped midway still has its best epoch's weights (load_trained_model falls back to them).
+    if not any(os.path.exists(runs.path(run_dir, name)) for name in (runs.MODEL, runs.BEST_CHECKPOINT)):
+        raise FileNotFoundError(
+            f"--init-from {run_dir}: its training has not finished an epoch (no {runs.MODEL}, no checkpoint)"
+        )
 
 
 def classifier_config(config):
