@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer import text
+from keras_transformer import data, text
 from keras_transformer.runs import classification, options
 
 POSITIVE = ["great", "wonderful", "moving", "funny", "superb"]
@@ -97,6 +97,20 @@ def test_texts_are_framed_by_cls_and_cut_to_max_length(tmp_path):
     assert (ids[1, 2:] == 0).all() and (ids[0] != 0).all()
     with pytest.raises(ValueError, match="csv:PATH"):
         classification.load_examples({**options.DEFAULTS["classification"]["data"], "dataset": "csv"})
+
+
+@pytest.mark.skipif(not (data.dataset_directory("sst2") / "train.tsv").exists(), reason="../shared/data/sst2 is not present")
+def test_another_corpus_joins_the_training_set_only(tmp_path):
+    write_reviews(tmp_path / "reviews.csv", 100, seed=3)
+    corpus = {**options.DEFAULTS["classification"]["data"], "dataset": "csv", "csv": str(tmp_path / "reviews.csv")}
+    alone = classification.load_examples(corpus)
+    joined = classification.load_examples({**corpus, "also_train_on": "sst2"})
+    sst2 = data.load_sst2()
+    assert joined["val"] == alone["val"]  # validation stays this corpus's own
+    assert joined["train"] == alone["train"] + sst2["train"]
+    for wrong in ("csv", "multi30k", "sst2,imdbx"):
+        with pytest.raises(ValueError, match="also_train_on must name sst2, imdb, imdb-sentences"):
+            classification.load_examples({**corpus, "also_train_on": wrong})
 
 
 @pytest.mark.slow

@@ -145,5 +145,46 @@ def test_pretrain_then_a_classifier_starts_from_its_encoder(tmp_path, capsys):
                      "--out", str(tmp_path / "other")]) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "d_model=32" in error[0] and "64" in error[0]
-    assert cli.main(["train-classifier", *corpus, "--init-from", str(classifier_run), "--out", str(tmp_path / "x")]) == 2
-    assert "needs a pre-training run" in capsys.readouterr().err
+    translation_run = tmp_path / "translation"
+    translation_run.mkdir()
+    (translation_run / "config.json").write_text(json.dumps({"task": "translation"}))
+    assert cli.main(["train-classifier", *corpus, "--init-from", str(translation_run), "--out", str(tmp_path / "x")]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "needs a pre-training run" in error[0] and "translation run" in error[0]
+
+
+def test_a_classifier_starts_from_another_classifiers_encoder(tmp_path, capsys):
+    """Intermediate-task training: a classifier trained on one labelled set lends its encoder to the next."""
+    from keras_transformer import cli
+    from keras_transformer.runs import classification, pretraining
+    from test_classifier_run import write_reviews
+
+    for name, count, seed in (("first.csv", 300, 0), ("second.csv", 200, 2), ("val.csv", 60, 1)):
+        write_reviews(tmp_path / name, count, seed=seed)
+    tiny = ["--vocab-size", "120", "--num-layers", "1", "--d-model", "32", "--num-heads", "2", "--d-ff", "64",
+            "--batch-size", "32", "--warmup-steps", "30", "--epochs", "1"]
+    first = tmp_path / "first"
+    assert cli.main(["train-classifier", "--dataset", f"csv:{tmp_path / 'first.csv'}", "--val-csv",
+                     str(tmp_path / "val.csv"), *tiny, "--max-length", "24", "--pooling", "attention",
+                     "--out", str(first)]) == 0
+    # The second run keeps its own pooling and dropout; sizes, vocabulary and encoder weights are the first's.
+    second = tmp_path / "second"
+    assert cli.main(["train-classifier", "--dataset", f"csv:{tmp_path / 'second.csv'}", "--val-csv",
+                     str(tmp_path / "val.csv"), "--max-length", "16", "--batch-size", "32", "--epochs", "1",
+                     "--learning-rate-scale", "1e-9", "--dropout", "0.3", "--init-from", str(first),
+                     "--out", str(second)]) == 0
+    assert (second / "vocab" / "vocab.txt").read_bytes() == (first / "vocab" / "vocab.txt").read_bytes()
+    classifier = classification.Classifier(str(second))
+    assert classifier.model.d_model == 32 and classifier.model.pooling == "cls"
+    # Its position table is the first run's (24), though it reads 16 tokens.
+    assert classifier.model.max_length == 24
+    for ours, theirs in zip(classifier.model.encoder.get_weights(), pretraining.pretrained_encoder_weights(str(first))):
+        np.testing.assert_allclose(ours, theirs, atol=1e-6)
+    # A third generation keeps the first's position table; a longer max_length than it is refused.
+    third_config = {"training": {"init_from": str(second), "max_length": 16}}
+    assert pretraining.classifier_config(third_config)["model"]["max_length"] == 24
+    capsys.readouterr()
+    assert cli.main(["train-classifier", "--dataset", f"csv:{tmp_path / 'second.csv'}", "--max-length", "32",
+                     "--init-from", str(second), "--out", str(tmp_path / "third")]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "max_length 32" in error[0]

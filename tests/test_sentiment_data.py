@@ -29,6 +29,31 @@ def test_imdb_holds_back_a_balanced_validation_part_without_html():
     assert data.load_imdb(val_fraction=0.1)["val"][:5] == corpus["val"][:5]  # deterministic
 
 
+def test_sentence_pieces_keep_whole_sentences_within_the_word_limit():
+    text = "A fine film. I laughed a lot! Was it long? " + " ".join(["word"] * 12) + ". The end."
+    pieces = data.sentence_pieces(text, max_words=8)
+    assert pieces == ["A fine film. I laughed a lot!", "Was it long?", " ".join(["word"] * 8), "The end."]
+    # Nothing but the over-long sentence's tail is dropped; no piece is empty or too long.
+    assert all(0 < len(piece.split()) <= 8 for piece in pieces)
+    assert data.sentence_pieces("One sentence without an end", 40) == ["One sentence without an end"]
+
+
+@pytest.mark.skipif(not (IMDB / "train.csv.gz").exists(), reason="../shared/data/imdb is not present")
+def test_imdb_sentences_hold_back_whole_reviews():
+    reviews = data.load_imdb(val_fraction=0.1)
+    pieces = data.load_imdb_sentences(val_fraction=0.1)
+    assert 150_000 < len(pieces["train"]) < 200_000
+    # Every held-back piece comes from a held-back review, with that review's label: no review on both sides.
+    expected = {split: [(piece, label) for review, label in reviews[split] for piece in data.sentence_pieces(review, 40)]
+                for split in ("train", "val")}
+    assert pieces == expected
+    # And, read back against the text itself: long held-back pieces occur in no training review.
+    training_text = "\n".join(" ".join(review.split()) for review, _ in reviews["train"])
+    long_pieces = [piece for piece, _ in pieces["val"] if len(piece.split()) >= 25][:100]
+    assert len(long_pieces) == 100 and not any(piece in training_text for piece in long_pieces)
+    assert all(len(piece.split()) <= 40 for piece, _ in pieces["val"])
+
+
 def test_a_csv_of_text_and_label(tmp_path):
     path = tmp_path / "reviews.csv.gz"
     rows = "text,label\n" + "".join(f'"Great, film {i}!",1\nBad film {i}<br />really,0\n' for i in range(10))

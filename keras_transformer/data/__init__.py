@@ -16,9 +16,11 @@ from keras_transformer.data.sentiment import (
     dataset_directory,
     hold_out,
     load_imdb,
+    load_imdb_sentences,
     load_labelled_csv,
     load_sst2,
     read_labelled,
+    sentence_pieces,
 )
 from keras_transformer.data.pipeline import (
     TranslationBatches,
@@ -38,6 +40,7 @@ __all__ = [
     "hidden_positions",
     "hold_out",
     "load_imdb",
+    "load_imdb_sentences",
     "load_labelled_csv",
     "load_sst2",
     "load_multi30k",
@@ -48,6 +51,7 @@ __all__ = [
     "shuffle_each_epoch",
     "multi30k_directory",
     "read_labelled",
+    "sentence_pieces",
     "read_lines",
     "read_parallel_files",
     "read_tsv",

@@ -9,6 +9,10 @@ file and the line when the input is wrong.
 - IMDB: `imdb/train.csv.gz` with columns `label,rating,id,text`; its test
   half is not used, so "val" is a held-back, class-balanced part of train
   (`val_fraction`, deterministic). `<br />` tags become spaces.
+- IMDB sentences (`imdb-sentences`): the same reviews cut into pieces of
+  whole sentences (at most 40 words), each labelled with its review's label:
+  sentence-length training text for a sentence classifier (SST-2) to start
+  from. Reviews are held back whole, so no review is on both sides.
 - Any CSV with `text` and `label` columns (a header row naming them), held
   back the same way when no validation file is given.
 """
@@ -24,6 +28,8 @@ from pathlib import Path
 from keras_transformer.data.corpora import _SHARED_DATA, CorpusError
 
 _HTML_BREAK = re.compile(r"<br\s*/?>", re.IGNORECASE)
+# A sentence ends at ., ! or ? followed by white space.
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 def dataset_directory(name, data_dir=None):
@@ -114,6 +120,36 @@ def load_imdb(data_dir=None, val_fraction=0.1, seed=0):
     examples = read_labelled(dataset_directory("imdb", data_dir) / "train.csv.gz")
     train, val = hold_out(examples, val_fraction, seed)
     return {"train": train, "val": val}
+
+
+def load_imdb_sentences(data_dir=None, val_fraction=0.1, seed=0, max_words=40):
+    """IMDB's reviews (held back as `load_imdb` does) cut into labelled pieces of whole sentences.
+
+    About 184,000 training pieces from 22,500 reviews. A piece gathers
+    consecutive sentences while they fit in `max_words` words; a longer
+    sentence is cut at `max_words`. Each piece keeps its review's label: noisy
+    (a positive review has negative sentences), yet enough to teach a small
+    encoder which words carry sentiment.
+    """
+    reviews = load_imdb(data_dir, val_fraction, seed)
+    return {
+        split: [(piece, label) for review, label in examples for piece in sentence_pieces(review, max_words)]
+        for split, examples in reviews.items()
+    }
+
+
+def sentence_pieces(text, max_words):
+    """`text` as consecutive pieces of whole sentences, each at most `max_words` words."""
+    pieces, words = [], []
+    for sentence in _SENTENCE_END.split(text):
+        sentence_words = sentence.split()[:max_words]
+        if words and len(words) + len(sentence_words) > max_words:
+            pieces.append(" ".join(words))
+            words = []
+        words.extend(sentence_words)
+    if words:
+        pieces.append(" ".join(words))
+    return pieces
 
 
 def load_labelled_csv(path, val_path=None, val_fraction=0.1, seed=0):

@@ -23,7 +23,13 @@ import tensorflow as tf
 from keras_transformer import data, evaluation, models, saving, text, training
 from keras_transformer.callbacks import ClassifierAttentionLogger, EmbeddingProjectorLogger
 from keras_transformer.runs import run_dir as runs
-from keras_transformer.runs.options import CLASSIFICATION, CLASSIFICATION_DATASETS, DEFAULTS, SENTIMENT_LABELS
+from keras_transformer.runs.options import (
+    CLASSIFICATION,
+    CLASSIFICATION_DATASETS,
+    DEFAULTS,
+    SENTIMENT_DATASETS,
+    SENTIMENT_LABELS,
+)
 
 logger = logging.getLogger("keras_transformer")
 
@@ -37,37 +43,60 @@ def with_dataset_path(config):
         return config
     name, _, csv_path = dataset.partition(":")
     if name not in CLASSIFICATION_DATASETS or (name == "csv") != bool(csv_path or config["data"].get("csv")):
-        raise ValueError(f"dataset must be sst2, imdb or csv:PATH, got {dataset!r}")
+        raise _unknown_dataset(dataset)
     updated = {**config, "data": {**config["data"], "dataset": name}}
     if csv_path:
         updated["data"]["csv"] = csv_path
     return updated
 
 
+def _unknown_dataset(dataset):
+    names = ", ".join(name for name in CLASSIFICATION_DATASETS if name != "csv")
+    return ValueError(f"dataset must be {names} or csv:PATH, got {dataset!r}")
+
+
 def load_examples(data_config):
-    """`{"train": [(text, label)], "val": [...]}` for the configured corpus."""
+    """`{"train": [(text, label)], "val": [...]}` for the configured corpus.
+
+    `also_train_on` names built-in sentiment corpora (comma-separated) whose training examples
+    join the training set (their labels mean what this corpus's do); the
+    validation set stays this corpus's own.
+    """
+    examples = _load_corpus(data_config)
+    for split in ("train", "val"):
+        limit = data_config.get(f"limit_{split}")
+        if limit:
+            examples[split] = examples[split][:limit]
+    for extra in filter(None, (data_config.get("also_train_on") or "").split(",")):
+        if extra not in SENTIMENT_DATASETS or extra == data_config["dataset"]:
+            others = ", ".join(name for name in SENTIMENT_DATASETS if name != data_config["dataset"])
+            raise ValueError(f"also_train_on must name {others}, got {extra!r}")
+        # From its default place ($KERAS_TRANSFORMER_DATA/NAME or ../shared/data/NAME): data_dir is this corpus's.
+        examples["train"] = examples["train"] + _load_corpus({**data_config, "dataset": extra, "data_dir": None})["train"]
+    return examples
+
+
+def _load_corpus(data_config):
     dataset = data_config["dataset"]
     if dataset == "sst2":
         examples = data.load_sst2(data_config["data_dir"])
     elif dataset == "imdb":
         examples = data.load_imdb(data_config["data_dir"], data_config["val_fraction"])
+    elif dataset == "imdb-sentences":
+        examples = data.load_imdb_sentences(data_config["data_dir"], data_config["val_fraction"])
     elif dataset == "csv":
         if not data_config["csv"]:
             raise ValueError("dataset csv needs a file: --dataset csv:PATH")
         examples = data.load_labelled_csv(data_config["csv"], data_config["val_csv"], data_config["val_fraction"])
     else:
-        raise ValueError(f"dataset must be sst2, imdb or csv:PATH, got {dataset!r}")
-    for split in ("train", "val"):
-        limit = data_config[f"limit_{split}"]
-        if limit:
-            examples[split] = examples[split][:limit]
+        raise _unknown_dataset(dataset)
     return examples
 
 
 def class_names(data_config, num_classes):
     """The name of each label id: the config's `labels`, the sentiment sets' names, else "0", "1", ..."""
     names = data_config.get("labels")
-    if names is None and data_config["dataset"] in ("sst2", "imdb") and num_classes == len(SENTIMENT_LABELS):
+    if names is None and data_config["dataset"] in SENTIMENT_DATASETS and num_classes == len(SENTIMENT_LABELS):
         names = SENTIMENT_LABELS
     names = [str(name) for name in names] if names is not None else [str(label) for label in range(num_classes)]
     if len(names) != num_classes:

@@ -23,7 +23,9 @@ TASKS = (TRANSLATION, CLASSIFICATION, PRETRAINING)
 
 TRANSLATION_DATASETS = ("demo", "multi30k", "files")
 # A classifier's corpora; "csv:PATH" names any file with text and label columns.
-CLASSIFICATION_DATASETS = ("sst2", "imdb", "csv")
+CLASSIFICATION_DATASETS = ("sst2", "imdb", "imdb-sentences", "csv")
+# The corpora whose labels are SENTIMENT_LABELS.
+SENTIMENT_DATASETS = ("sst2", "imdb", "imdb-sentences")
 # Class names of the built-in sentiment sets, for `classify` and the export.
 SENTIMENT_LABELS = ("negative", "positive")
 
@@ -86,7 +88,8 @@ DEFAULTS = {
             "data_dir": None,
             "csv": None,  # dataset csv: a file with text and label columns
             "val_csv": None,
-            "val_fraction": 0.1,  # imdb and csv without val_csv: held back from train
+            "val_fraction": 0.1,  # imdb, imdb-sentences and csv without val_csv: held back from train
+            "also_train_on": None,  # e.g. "sst2": that corpus's training examples join the training set
             "limit_train": None,
             "limit_val": None,
             "labels": None,  # class names, by label id; default: SENTIMENT_LABELS for sst2/imdb, else "0", "1", ...
@@ -203,8 +206,11 @@ _TEXT_CORPORA = (CLASSIFICATION, PRETRAINING)
 OPTIONS = (
     # data
     Option("data", "dataset", help="the corpus", choices=TRANSLATION_DATASETS, tasks=_TRANSLATION),
-    Option("data", "dataset", help="sst2, imdb, or csv:PATH (a file with text and label columns)",
+    Option("data", "dataset", help="sst2, imdb, imdb-sentences (IMDB cut into labelled sentence-length pieces), "
+           "or csv:PATH (a file with text and label columns)",
            tasks=_TEXT_CORPORA),
+    Option("data", "also_train_on", help="add these sentiment corpora's training examples (comma-separated: "
+           "sst2, imdb, imdb-sentences) to the training set", metavar="NAMES", tasks=_CLASSIFICATION),
     Option("data", "text", help="pre-train on this file's texts, one a line, instead of --dataset's",
            metavar="FILE", tasks=_PRETRAINING),
     Option("data", "data_dir", help="the corpus directory (default $KERAS_TRANSFORMER_DATA/NAME or ../shared/data/NAME)"),
@@ -278,7 +284,7 @@ OPTIONS = (
     Option("training", "projector_samples", int, "validation texts whose [CLS] embeddings go to TensorBoard",
            tasks=_CLASSIFICATION),
     Option("training", "init_from", help="start the encoder from this pre-training run (`keras-transformer "
-           "pretrain`): its vocabulary, sizes and weights", metavar="RUN_DIR", flag="--init-from",
+           "pretrain`) or classifier run: its vocabulary, sizes and weights", metavar="RUN_DIR", flag="--init-from",
            tasks=_CLASSIFICATION),
     Option("training", "mask_rate", float, "the share of tokens hidden and predicted", tasks=_PRETRAINING),
     # evaluation

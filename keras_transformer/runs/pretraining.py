@@ -8,7 +8,9 @@ The texts are a file's lines (`--text FILE`) or a classification corpus's
 texts, its labels unused (`--dataset sst2|imdb|csv:PATH`: its training texts
 to learn from, its validation texts to validate on). A classifier run
 started with `--init-from RUN_DIR` takes the run's vocabulary, the encoder's
-sizes and its weights (`classifier_config`, `pretrained_encoder_weights`).
+sizes and its weights (`classifier_config`, `pretrained_encoder_weights`);
+RUN_DIR may also be another classifier's run, whose encoder learned from
+other labels (SST-2's recipe starts from one trained on IMDB's sentences).
 """
 
 import logging
@@ -128,12 +130,14 @@ def load_config(run_dir):
 # -- what a classifier takes over ------------------------------------------------------
 
 
-def _check_is_pretraining_run(run_dir):
+def _check_can_start_a_classifier(run_dir):
     if not os.path.exists(runs.path(run_dir, runs.CONFIG)):
         raise FileNotFoundError(f"--init-from {run_dir}: no such run (it has no {runs.CONFIG})")
     task = runs.task_of(run_dir)
-    if task != PRETRAINING:
-        raise ValueError(f"--init-from needs a pre-training run (keras-transformer pretrain); {run_dir} is a {task} run")
+    if task not in (PRETRAINING, CLASSIFICATION):
+        raise ValueError(
+            f"--init-from needs a pre-training run (keras-transformer pretrain) or a classifier run; {run_dir} is a {task} run"
+        )
     # A run stopped midway still has its best epoch's weights (load_trained_model falls back to them).
     if not any(os.path.exists(runs.path(run_dir, name)) for name in (runs.MODEL, runs.BEST_CHECKPOINT)):
         raise FileNotFoundError(
@@ -141,18 +145,25 @@ def _check_is_pretraining_run(run_dir):
         )
 
 
+def _config_of(run_dir):
+    """The config of a pre-training or classifier run, with its task's defaults."""
+    return runs.load_config(run_dir, DEFAULTS[runs.task_of(run_dir)])
+
+
 def classifier_config(config):
     """A classifier's `config` with the encoder sizes of its `training.init_from` run (unchanged without one).
 
-    The encoder's shape must be the pre-trained one's; the classifier keeps
+    That run pre-trained an encoder, or trained a classifier on another
+    labelled task (intermediate-task training: IMDB's review labels before
+    SST-2's). The encoder's shape must be that run's; the classifier keeps
     its own dropout, pooling and training settings. Its texts may not be
-    longer than the pre-training's (the positions it learned).
+    longer than that run's position table.
     """
     init_from = config.get("training", {}).get("init_from")
     if not init_from:
         return config
-    _check_is_pretraining_run(init_from)
-    pretrained = load_config(init_from)
+    _check_can_start_a_classifier(init_from)
+    pretrained = _config_of(init_from)
     model = dict(config.get("model", {}))
     for name in ENCODER_SETTINGS:
         if name in pretrained["model"]:
@@ -162,8 +173,9 @@ def classifier_config(config):
                     f"this classifier asks for {model[name]}; leave {name} out"
                 )
             model[name] = pretrained["model"][name]
-    # The position table's size is the pre-training's; the classifier cuts its texts to its own max_length.
-    model["max_length"] = pretrained["training"]["max_length"]
+    # The position table's size is that run's (a classifier started from another keeps that one's);
+    # the classifier cuts its texts to its own max_length.
+    model["max_length"] = pretrained["model"].get("max_length") or pretrained["training"]["max_length"]
     max_length = config.get("training", {}).get("max_length", DEFAULTS[CLASSIFICATION]["training"]["max_length"])
     if max_length > model["max_length"]:
         raise ValueError(
@@ -175,15 +187,19 @@ def classifier_config(config):
 
 
 def pretrained_vocabulary(init_from):
-    """The pre-training run's tokenizer, which the classifier run saves as its own."""
+    """The `init_from` run's tokenizer, which the classifier run saves as its own."""
     return runs.load_tokenizer(init_from)
 
 
 def pretrained_encoder_weights(init_from):
-    """The weights of the pre-training run's encoder (`model.keras`), for `encoder.set_weights`."""
-    config = load_config(init_from)
-    text_tokenizer = runs.load_tokenizer(init_from)
-    model = runs.load_trained_model(init_from, lambda: build_model(config, text_tokenizer.vocab_size))
+    """The weights of the `init_from` run's encoder (`model.keras`), for `encoder.set_weights`."""
+    config = _config_of(init_from)
+    vocab_size = runs.load_tokenizer(init_from).vocab_size
+    if config["task"] == CLASSIFICATION:
+        num_classes = len(classification.load_class_names(init_from))
+        model = runs.load_trained_model(init_from, lambda: classification.build_model(config, vocab_size, num_classes))
+    else:
+        model = runs.load_trained_model(init_from, lambda: build_model(config, vocab_size))
     return model.encoder.get_weights()
 
 
