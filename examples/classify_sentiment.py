@@ -21,8 +21,9 @@ outside weights.
 import argparse
 import json
 import logging
+import sys
 
-from keras_transformer.runs import classification
+from keras_transformer.runs import classification, run_dir
 from keras_transformer.runs.options import merge_config
 
 RECIPES = {
@@ -83,6 +84,7 @@ def main():
     out = arguments.out or f"runs/{arguments.dataset}"
     overrides = {"training": {"precision": arguments.precision, "seed": arguments.seed}}
     first_step = STARTS_FROM.get(arguments.dataset)
+    run_dir.check_is_run_directory(out)  # a wrong --out is refused before the first step, not after it
     if first_step:
         first_out = f"{out}-{first_step}"
         classification.train(merge_config(RECIPES[first_step], overrides), first_out, verbose=2)  # reused once finished
@@ -94,5 +96,12 @@ def main():
     print(json.dumps(metrics, indent=2))
 
 
+def run():
+    try:
+        main()
+    except (ValueError, FileNotFoundError, FileExistsError) as error:  # a bad --out, a missing corpus
+        sys.exit(f"classify_sentiment.py: error: {error}")
+
+
 if __name__ == "__main__":
-    main()
+    run()

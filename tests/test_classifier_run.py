@@ -108,9 +108,14 @@ def test_another_corpus_joins_the_training_set_only(tmp_path):
     sst2 = data.load_sst2()
     assert joined["val"] == alone["val"]  # validation stays this corpus's own
     assert joined["train"] == alone["train"] + sst2["train"]
-    for wrong in ("csv", "multi30k", "sst2,imdbx"):
-        with pytest.raises(ValueError, match="also_train_on must name sst2, imdb, imdb-sentences"):
-            classification.load_examples({**corpus, "also_train_on": wrong})
+
+
+def test_a_wrong_corpus_to_also_train_on_is_refused_before_the_run_starts():
+    config = {"data": {"dataset": "sst2"}}
+    for wrong in ("csv", "multi30k", "sst2", "imdb, imdbx"):
+        with pytest.raises(ValueError, match=f"also_train_on must name imdb, imdb-sentences, got '{wrong.split(', ')[-1]}'"):
+            classification.with_dataset_path({"data": {**config["data"], "also_train_on": wrong}})
+    assert classification.with_dataset_path({"data": {"dataset": "sst2", "also_train_on": " imdb , imdb-sentences"}})
 
 
 @pytest.mark.slow

@@ -153,6 +153,7 @@ def test_pretrain_then_a_classifier_starts_from_its_encoder(tmp_path, capsys):
     assert len(error) == 1 and "needs a pre-training run" in error[0] and "translation run" in error[0]
 
 
+@pytest.mark.slow
 def test_a_classifier_starts_from_another_classifiers_encoder(tmp_path, capsys):
     """Intermediate-task training: a classifier trained on one labelled set lends its encoder to the next."""
     from keras_transformer import cli

@@ -43,14 +43,14 @@ def test_imdb_sentences_hold_back_whole_reviews():
     reviews = data.load_imdb(val_fraction=0.1)
     pieces = data.load_imdb_sentences(val_fraction=0.1)
     assert 150_000 < len(pieces["train"]) < 200_000
-    # Every held-back piece comes from a held-back review, with that review's label: no review on both sides.
-    expected = {split: [(piece, label) for review, label in reviews[split] for piece in data.sentence_pieces(review, 40)]
-                for split in ("train", "val")}
-    assert pieces == expected
-    # And, read back against the text itself: long held-back pieces occur in no training review.
-    training_text = "\n".join(" ".join(review.split()) for review, _ in reviews["train"])
-    long_pieces = [piece for piece, _ in pieces["val"] if len(piece.split()) >= 25][:100]
-    assert len(long_pieces) == 100 and not any(piece in training_text for piece in long_pieces)
+    # Long held-back pieces occur in held-back reviews, with their labels, and in no training review.
+    text_of = {split: {label: "\n".join(" ".join(review.split()) for review, review_label in reviews[split]
+                                        if review_label == label) for label in (0, 1)} for split in ("train", "val")}
+    long_pieces = [(piece, label) for piece, label in pieces["val"] if len(piece.split()) >= 25][:100]
+    assert len(long_pieces) == 100 and {label for _, label in long_pieces} == {0, 1}
+    for piece, label in long_pieces:
+        assert piece in text_of["val"][label]
+        assert piece not in text_of["train"][0] and piece not in text_of["train"][1]
     assert all(len(piece.split()) <= 40 for piece, _ in pieces["val"])
 
 

@@ -125,7 +125,7 @@ def load_imdb(data_dir=None, val_fraction=0.1, seed=0):
 def load_imdb_sentences(data_dir=None, val_fraction=0.1, seed=0, max_words=40):
     """IMDB's reviews (held back as `load_imdb` does) cut into labelled pieces of whole sentences.
 
-    About 184,000 training pieces from 22,500 reviews. A piece gathers
+    165,000 training pieces from 22,500 reviews at `val_fraction` 0.1. A piece gathers
     consecutive sentences while they fit in `max_words` words; a longer
     sentence is cut at `max_words`. Each piece keeps its review's label: noisy
     (a positive review has negative sentences), yet enough to teach a small

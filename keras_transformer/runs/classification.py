@@ -47,6 +47,7 @@ def with_dataset_path(config):
     updated = {**config, "data": {**config["data"], "dataset": name}}
     if csv_path:
         updated["data"]["csv"] = csv_path
+    _also_train_on(updated["data"])  # a wrong name is refused before the run starts
     return updated
 
 
@@ -63,17 +64,24 @@ def load_examples(data_config):
     validation set stays this corpus's own.
     """
     examples = _load_corpus(data_config)
+    for extra in _also_train_on(data_config):
+        # From its default place ($KERAS_TRANSFORMER_DATA/NAME or ../shared/data/NAME): data_dir is this corpus's.
+        examples["train"] = examples["train"] + _load_corpus({**data_config, "dataset": extra, "data_dir": None})["train"]
     for split in ("train", "val"):
         limit = data_config.get(f"limit_{split}")
         if limit:
             examples[split] = examples[split][:limit]
-    for extra in filter(None, (data_config.get("also_train_on") or "").split(",")):
-        if extra not in SENTIMENT_DATASETS or extra == data_config["dataset"]:
-            others = ", ".join(name for name in SENTIMENT_DATASETS if name != data_config["dataset"])
-            raise ValueError(f"also_train_on must name {others}, got {extra!r}")
-        # From its default place ($KERAS_TRANSFORMER_DATA/NAME or ../shared/data/NAME): data_dir is this corpus's.
-        examples["train"] = examples["train"] + _load_corpus({**data_config, "dataset": extra, "data_dir": None})["train"]
     return examples
+
+
+def _also_train_on(data_config):
+    """The corpus names in `also_train_on` ("sst2,imdb"), each checked."""
+    names = [name.strip() for name in (data_config.get("also_train_on") or "").split(",") if name.strip()]
+    for name in names:
+        if name not in SENTIMENT_DATASETS or name == data_config.get("dataset"):
+            others = ", ".join(other for other in SENTIMENT_DATASETS if other != data_config.get("dataset"))
+            raise ValueError(f"also_train_on must name {others}, got {name!r}")
+    return names
 
 
 def _load_corpus(data_config):

@@ -23,9 +23,9 @@ TASKS = (TRANSLATION, CLASSIFICATION, PRETRAINING)
 
 TRANSLATION_DATASETS = ("demo", "multi30k", "files")
 # A classifier's corpora; "csv:PATH" names any file with text and label columns.
-CLASSIFICATION_DATASETS = ("sst2", "imdb", "imdb-sentences", "csv")
-# The corpora whose labels are SENTIMENT_LABELS.
+# The built-in corpora, whose labels are SENTIMENT_LABELS; a classifier also reads any CSV.
 SENTIMENT_DATASETS = ("sst2", "imdb", "imdb-sentences")
+CLASSIFICATION_DATASETS = (*SENTIMENT_DATASETS, "csv")
 # Class names of the built-in sentiment sets, for `classify` and the export.
 SENTIMENT_LABELS = ("negative", "positive")
 
@@ -92,7 +92,7 @@ DEFAULTS = {
             "also_train_on": None,  # e.g. "sst2": that corpus's training examples join the training set
             "limit_train": None,
             "limit_val": None,
-            "labels": None,  # class names, by label id; default: SENTIMENT_LABELS for sst2/imdb, else "0", "1", ...
+            "labels": None,  # class names, by label id; default: SENTIMENT_LABELS for SENTIMENT_DATASETS, else "0", "1", ...
         },
         "tokenizer": {"vocab_size": 8000, "lower_case": True},
         "model": {"num_layers": 2, "d_model": 128, "num_heads": 4, "d_ff": 256, "dropout": 0.1, "pooling": "cls"},
@@ -114,8 +114,8 @@ DEFAULTS = {
             **_HOW_TRAINING_RUNS,
             "projector_samples": 500,
             "attention_samples": 3,
-            # A pre-training run (`keras-transformer pretrain`) whose encoder,
-            # vocabulary and sizes this classifier starts from.
+            # A pre-training run (`keras-transformer pretrain`) or another
+            # classifier's run whose encoder, vocabulary and sizes this classifier starts from.
             "init_from": None,
         },
         "evaluation": {"batch_size": 64},
@@ -206,11 +206,12 @@ _TEXT_CORPORA = (CLASSIFICATION, PRETRAINING)
 OPTIONS = (
     # data
     Option("data", "dataset", help="the corpus", choices=TRANSLATION_DATASETS, tasks=_TRANSLATION),
-    Option("data", "dataset", help="sst2, imdb, imdb-sentences (IMDB cut into labelled sentence-length pieces), "
-           "or csv:PATH (a file with text and label columns)",
-           tasks=_TEXT_CORPORA),
-    Option("data", "also_train_on", help="add these sentiment corpora's training examples (comma-separated: "
-           "sst2, imdb, imdb-sentences) to the training set", metavar="NAMES", tasks=_CLASSIFICATION),
+    Option("data", "dataset", help=f"{', '.join(SENTIMENT_DATASETS)} (IMDB cut into labelled sentence-length "
+           "pieces), or csv:PATH (a file with text and label columns)", tasks=_TEXT_CORPORA),
+    Option("data", "val_fraction", float, "the part of imdb, imdb-sentences or a CSV without --val-csv held back "
+           "to validate on", tasks=_TEXT_CORPORA),
+    Option("data", "also_train_on", help="add these built-in corpora's training examples (comma-separated: "
+           f"{', '.join(SENTIMENT_DATASETS)}) to the training set", metavar="NAMES", tasks=_CLASSIFICATION),
     Option("data", "text", help="pre-train on this file's texts, one a line, instead of --dataset's",
            metavar="FILE", tasks=_PRETRAINING),
     Option("data", "data_dir", help="the corpus directory (default $KERAS_TRANSFORMER_DATA/NAME or ../shared/data/NAME)"),

@@ -5,7 +5,7 @@
       -> MaskedLanguageModel (models) -> model.fit (training) -> model.keras
 
 The texts are a file's lines (`--text FILE`) or a classification corpus's
-texts, its labels unused (`--dataset sst2|imdb|csv:PATH`: its training texts
+texts, its labels unused (`--dataset sst2|imdb|imdb-sentences|csv:PATH`: its training texts
 to learn from, its validation texts to validate on). A classifier run
 started with `--init-from RUN_DIR` takes the run's vocabulary, the encoder's
 sizes and its weights (`classifier_config`, `pretrained_encoder_weights`);
@@ -179,7 +179,7 @@ def classifier_config(config):
     max_length = config.get("training", {}).get("max_length", DEFAULTS[CLASSIFICATION]["training"]["max_length"])
     if max_length > model["max_length"]:
         raise ValueError(
-            f"--init-from {init_from}: max_length {max_length} is longer than the pre-training's "
+            f"--init-from {init_from}: max_length {max_length} is longer than that run's "
             f"{model['max_length']}; its encoder never saw later positions"
         )
     tokenizer_config = dict(config.get("tokenizer", {}), **pretrained["tokenizer"])

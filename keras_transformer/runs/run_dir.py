@@ -157,7 +157,7 @@ def start(run_dir, config, defaults, overwrite=False):
     A directory that holds other files but no run is refused. Seeds,
     precision and strategy are set from the resulting config.
     """
-    _check_is_run_directory(run_dir)
+    check_is_run_directory(run_dir)
     if overwrite:
         _remove_run_files(run_dir)
     os.makedirs(run_dir, exist_ok=True)
@@ -213,7 +213,8 @@ def written_by_this_process(run_dir):
         shutil.rmtree(private, ignore_errors=True)
 
 
-def _check_is_run_directory(run_dir):
+def check_is_run_directory(run_dir):
+    """Refuse (FileExistsError) a `run_dir` that is a file, or a directory of other files and no run."""
     if not os.path.isdir(run_dir):
         if os.path.exists(run_dir):
             raise FileExistsError(f"{run_dir} exists and is not a directory: choose another --out")
