@@ -70,7 +70,17 @@ def test_two_workers_train_as_one_process_on_the_same_global_batches(tmp_path):
         for name in expected.files:
             if name == "history":
                 continue
-            np.testing.assert_allclose(trained[name], expected[name], atol=1e-5, err_msg=name)
+            trained_weight, expected_weight = trained[name], expected[name]
+            if name.endswith("key_value_bias"):
+                # The key bias adds the same q.b_k to every logit of a query, and the
+                # softmax is shift-invariant: its exact gradient is zero. What it gets
+                # is rounding noise (~1e-10), which Adam divides by its epsilon-sized
+                # second moment into steps of ~1e-5 in a random direction. So the
+                # math fixes only that it stays near zero, in both runs.
+                for key_bias in (trained_weight[0], expected_weight[0]):
+                    assert np.abs(key_bias).max() < 1e-3, f"{name}: key biases should stay near 0"
+                trained_weight, expected_weight = trained_weight[1], expected_weight[1]
+            np.testing.assert_allclose(trained_weight, expected_weight, atol=1e-5, err_msg=name)
         # The logs are those of the global batches: the loss and accuracy one process reports.
         history, alone_history = json.loads(str(trained["history"])), json.loads(str(expected["history"]))
         for key, values in alone_history.items():
