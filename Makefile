@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 DEMO_RUN ?= runs/demo
 DEMO_EXPORT ?= exports/demo
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo test test-fast test-backends bench clean
 
 $(STAMP): setup.py
 	test -x $(PYTHON) || python3 -m venv $(VENV)
@@ -33,9 +33,19 @@ demo: $(STAMP)
 PYTEST_WORKERS ?= 2
 PYTEST := $(PYTHON) -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
-# The whole suite, slow end-to-end tests included.
+# The layer and model tests, which run again on Keras' other backends (the
+# rest of the package is TensorFlow by nature). JAX compiles every op it runs
+# eagerly: at XLA's lowest optimisation level the tests take half the time.
+BACKEND_TESTS := tests/test_layers.py tests/test_attention.py tests/test_positional.py \
+	tests/test_transformer.py tests/test_classifier.py
+ON_JAX := KERAS_BACKEND=jax JAX_PLATFORMS=cpu \
+	XLA_FLAGS="--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
+# The whole suite, slow end-to-end tests included, then the layer and model
+# tests on JAX (tests/test_backends.py compares the backends' outputs).
 test: $(STAMP)
 	$(PYTEST)
+	$(ON_JAX) $(PYTEST) -m "not slow" $(BACKEND_TESTS)
 
 # Everything but the tests marked slow.
 test-fast: $(STAMP)
@@ -57,6 +67,13 @@ $(BENCH_STAMP): $(STAMP) setup.py
 
 bench: $(BENCH_STAMP)
 	$(PYTHON) benchmarks/suite.py $(BENCH_ARGS)
+
+# The layer and model tests on JAX and on PyTorch (the `bench-torch` extra;
+# with PyTorch installed, tests/test_backends.py compares it too).
+test-backends: $(BENCH_STAMP)
+	$(ON_JAX) $(PYTEST) $(BACKEND_TESTS)
+	KERAS_BACKEND=torch $(PYTEST) $(BACKEND_TESTS)
+	$(PYTEST) tests/test_backends.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -27,8 +27,10 @@ setup(
         # The gRPC client of examples/serving_client.py.
         "serving": ["tensorflow-serving-api~=2.21.0"],
         # playwright drives Debian's chromium in the attention explorer's test (no browser download).
-        # ctranslate2: the benchmark's converter is tested too.
-        "dev": ["pytest>=8", "pytest-xdist", "tensorflow-serving-api~=2.21.0", "playwright", "ctranslate2>=4.5"],
+        # ctranslate2: the benchmark's converter is tested too. jax: the layer and model tests run on it too.
+        "dev": [
+            "pytest>=8", "pytest-xdist", "tensorflow-serving-api~=2.21.0", "playwright", "ctranslate2>=4.5", "jax>=0.4.36",
+        ],
         # `make bench`: the keras-hub and CTranslate2 contenders, and PyTorch's nn.Transformer.
         "bench": ["keras-hub>=0.20", "ctranslate2>=4.5"],
         "bench-torch": ["torch>=2.4"],

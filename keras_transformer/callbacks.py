@@ -17,6 +17,10 @@ TensorBoard's Projector tab (with a metadata table of label and text) and a
 image, so the classes can be seen separating epoch by epoch.
 """
 
+from keras_transformer.backends import require_tensorflow
+
+require_tensorflow("keras_transformer.callbacks", "TensorBoard summaries of TensorFlow decoding")
+
 import os
 
 import keras

@@ -443,8 +443,35 @@ def _start_tensorflow_quietly():
 INTERRUPTED = 143
 
 
+def _use_tensorflow_backend():
+    """The commands run on TensorFlow (tf.data, tensorflow-text, tf.distribute, SavedModels).
+
+    A KERAS_BACKEND naming another backend is set aside, with one line that
+    says so; returns an error message when Keras already started on another.
+    """
+    keras = sys.modules.get("keras")
+    if keras is not None:
+        backend = keras.backend.backend()
+        if backend != "tensorflow":
+            return f"the command line runs on TensorFlow, and Keras already started on {backend}: unset KERAS_BACKEND"
+        return None
+    requested = os.environ.get("KERAS_BACKEND", "tensorflow")
+    if requested != "tensorflow":
+        print(
+            f"keras-transformer: commands run on TensorFlow (tf.data, tensorflow-text, tf.distribute, "
+            f"SavedModels); KERAS_BACKEND={requested} is set aside for this one",
+            file=sys.stderr,
+        )
+    os.environ["KERAS_BACKEND"] = "tensorflow"
+    return None
+
+
 def main(argv=None):
     arguments = build_parser().parse_args(argv)
+    problem = _use_tensorflow_backend()
+    if problem:
+        print(f"keras-transformer: error: {problem}", file=sys.stderr)
+        return 2
     _start_tensorflow_quietly()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from keras_transformer.training import TrainingInterrupted

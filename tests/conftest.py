@@ -1,7 +1,10 @@
-"""Test setup: two logical CPU devices, so MirroredStrategy has replicas to mirror.
+"""Test setup, on the Keras backend that KERAS_BACKEND names (TensorFlow by default).
 
-TensorFlow fixes its devices when it first initialises, so this runs at
-import time, before any test touches a tensor.
+On TensorFlow: two logical CPU devices, so MirroredStrategy has replicas to
+mirror. TensorFlow fixes its devices when it first initialises, so this runs
+at import time, before any test touches a tensor. On JAX and PyTorch
+TensorFlow is never imported, and tests marked `tensorflow` (what is
+TensorFlow by nature: graphs, tapes, strategies) are skipped.
 """
 
 import os
@@ -10,12 +13,25 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
-_cpus = tf.config.list_physical_devices("CPU")
-tf.config.set_logical_device_configuration(
-    _cpus[0], [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
-)
+ON_TENSORFLOW = keras.backend.backend() == "tensorflow"
+
+if ON_TENSORFLOW:
+    import tensorflow as tf
+
+    _cpus = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(
+        _cpus[0], [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    if ON_TENSORFLOW:
+        return
+    skip = pytest.mark.skip(reason=f"TensorFlow by nature; this run uses the {keras.backend.backend()} backend")
+    for item in items:
+        if "tensorflow" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,9 @@
 """Export a trained translator or text classifier as a SavedModel that TensorFlow Serving runs."""
 
+from keras_transformer.backends import require_tensorflow
+
+require_tensorflow("keras_transformer.export", "a SavedModel is a TensorFlow graph")
+
 from keras_transformer.export.classifier import export_classifier
 from keras_transformer.export.translator import SIGNATURES, TranslationService, export_translator
 from keras_transformer.export.versions import load_export, resolve_export, version_path

@@ -1,5 +1,9 @@
 """Decoding: greedy and beam search over any model's step function, the Transformer's step, and a text-to-text Translator."""
 
+from keras_transformer.backends import require_tensorflow
+
+require_tensorflow("keras_transformer.inference", "its searches run the model inside tf.while_loop")
+
 from keras_transformer.inference.search import beam_search, greedy_search, higher_scoring, length_penalty, num_steps
 from keras_transformer.inference.steps import (
     output_limits,

@@ -6,7 +6,11 @@ them all: `checks` (argument checks) and `config` (each layer declares its
 hyperparameters once; `get_config` follows).
 """
 
-from keras_transformer.layers.attention import MultiHeadAttention, scaled_dot_product_attention
+from keras_transformer.layers.attention import (
+    MultiHeadAttention,
+    fused_dot_product_attention,
+    scaled_dot_product_attention,
+)
 from keras_transformer.layers.config import Hyperparameters
 from keras_transformer.layers.decoder import Decoder, DecoderLayer
 from keras_transformer.layers.dropout import Dropout
@@ -45,6 +49,7 @@ __all__ = [
     "TokenAndPositionEmbedding",
     "TransformerStack",
     "causal_mask",
+    "fused_dot_product_attention",
     "layer_name",
     "merge_attention_masks",
     "padding_mask",

@@ -47,6 +47,16 @@ not a copy).
 * A *cross-attention* cache holds the projected encoder output
   (`MultiHeadAttention.compute_cache`), computed once per source sentence;
   it is passed as `cache` with no `cache_index` and is never written.
+
+**Two ways to compute equation (1).** `scaled_dot_product_attention` spells
+it out, and returns the weights as well: TensorBoard's Attention tab, the
+attention explorer and `translate_with_attention` read them. When no one
+asks for the weights, `fused_dot_product_attention` hands the same equation
+to the backend's own kernel (`keras.ops.dot_product_attention`: cuDNN or
+flash attention on a GPU under JAX and PyTorch), which need not write the
+(query_length x key_length) weights to memory at all. Under TensorFlow that
+kernel is the same einsums as ours, so there the explicit path stays
+(BENCHMARKS.md, "Fused attention").
 """
 
 import math
@@ -65,6 +75,9 @@ MASKED_LOGIT = -1e9
 
 MONOTONIC, PREDICTIVE = "monotonic", "predictive"
 WINDOW_ALIGNMENTS = (MONOTONIC, PREDICTIVE)
+
+# The backends whose `keras.ops.dot_product_attention` is a fused kernel.
+FUSED_ATTENTION_BACKENDS = ("jax", "torch")
 
 
 def _softmax_dtype(dtype):
@@ -138,19 +151,65 @@ def scaled_dot_product_attention(
     return outputs, weights
 
 
+def fused_dot_product_attention(queries, keys, values, mask=None):
+    """Equation (1) by the backend's fused kernel: the outputs, not the weights.
+
+    The same result as `scaled_dot_product_attention(..., scale=1.0)` (the
+    queries come scaled) without dropout, in the layout the kernel works in.
+
+    Args:
+        queries: `(batch, heads, query_length, key_dim)`, already scaled.
+        keys: `(batch, heads, key_length, key_dim)`.
+        values: `(batch, heads, key_length, value_dim)`.
+        mask: optional boolean, True = may attend, broadcastable to
+            `(batch, heads, query_length, key_length)`.
+
+    Returns:
+        `(batch, query_length, heads, value_dim)`: heads after the positions,
+        where the kernel leaves them and where W^O wants them. A query with
+        every key masked gets zeros, as on the explicit path.
+
+    Example:
+    >>> q = k = v = keras.random.normal((2, 8, 4, 16))
+    >>> fused_dot_product_attention(q, k, v).shape  # (2, 4, 8, 16)
+    """
+    has_keys = None
+    if mask is not None:
+        mask = ops.cast(mask, "bool")
+        has_keys = ops.any(mask, axis=-1, keepdims=True)
+        # A query with no key to see would get a uniform softmax from one
+        # kernel and NaN from another. Let it see every key, then zero its
+        # output: finite in both passes, and no gradient flows through it.
+        mask = ops.logical_or(mask, ops.logical_not(has_keys))
+    heads_last = (0, 2, 1, 3)  # (batch, heads, length, dim) <-> (batch, length, heads, dim)
+    outputs = ops.dot_product_attention(
+        ops.transpose(queries, heads_last),
+        ops.transpose(keys, heads_last),
+        ops.transpose(values, heads_last),
+        mask=mask,
+        scale=1.0,
+    )
+    if has_keys is not None:
+        outputs = ops.where(ops.transpose(has_keys, heads_last), outputs, ops.zeros_like(outputs))
+    return outputs
+
+
 def _write_cache(cache, keys_values, cache_index):
     """Write new keys/values `(2, batch, heads, new, key_dim)` at `cache_index`.
 
     A scatter of the new slots into the cache: one core op that TensorFlow
     runs in place of copying every slot through a select, that every
     TensorFlow Serving build has, and that XLA compiles (the slot positions
-    are data, not shapes).
+    are data, not shapes). The slots go as a list of `(part, sentence, head,
+    position)` indices, one row each: the form every backend's scatter reads
+    alike.
     """
     parts, batch, heads, new_length = (ops.shape(keys_values)[axis] for axis in range(4))
     grids = ops.meshgrid(
         ops.arange(parts), ops.arange(batch), ops.arange(heads), ops.arange(new_length) + cache_index, indexing="ij"
     )
-    return ops.scatter_update(cache, ops.stack(grids, axis=-1), keys_values)
+    slots = ops.reshape(ops.stack(grids, axis=-1), (-1, 4))
+    return ops.scatter_update(cache, slots, ops.reshape(keys_values, (-1, ops.shape(keys_values)[4])))
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -197,11 +256,20 @@ class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
         weights when `return_attention_scores`, followed by the updated cache
         when `cache` is given.
 
+    Attributes:
+        fused_attention: whether a call that returns no weights computes
+            them with the backend's fused kernel (`fused_dot_product_attention`).
+            None, the default, means yes on JAX and PyTorch, no on TensorFlow.
+            Attention dropout and predictive windows always take the explicit
+            path, which they need.
+
     Example:
     >>> attention = MultiHeadAttention(num_heads=8)
     >>> x = keras.random.normal((2, 10, 512))
     >>> attention(x, x, use_causal_mask=True).shape  # (2, 10, 512)
     """
+
+    fused_attention = None
 
     hyperparameters = (
         "num_heads",
@@ -352,12 +420,16 @@ class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
             bias = ops.concatenate([self.query_bias[None] * scale, self.key_value_bias], axis=0)
         return self._split(self._project(inputs, kernel, bias, parts=3), parts=3)
 
-    def _combine_heads(self, attended):
-        """Concat(head_1, ..., head_h) W^O: `(batch, heads, length, head_dim)` -> `(batch, length, d_model)`."""
+    def _combine_heads(self, attended, heads_first=True):
+        """Concat(head_1, ..., head_h) W^O: `(batch, heads, length, head_dim)` -> `(batch, length, d_model)`.
+
+        With `heads_first=False`, `attended` is `(batch, length, heads, head_dim)` already.
+        """
         width = self.num_heads * self.head_dim
-        static_length = attended.shape[2]
-        length = static_length if static_length is not None else ops.shape(attended)[2]
-        if static_length != 1:  # one position: the transpose would move no data
+        length_axis = 2 if heads_first else 1
+        static_length = attended.shape[length_axis]
+        length = static_length if static_length is not None else ops.shape(attended)[length_axis]
+        if heads_first and static_length != 1:  # one position: the transpose would move no data
             attended = ops.transpose(attended, (0, 2, 1, 3))
         concatenated = ops.reshape(attended, (-1, length, width))
         outputs = ops.matmul(concatenated, ops.reshape(self.output_kernel, (-1, self.output_dim)))
@@ -475,18 +547,22 @@ class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
         if predictive:
             window, gaussian = self._predictive_window(query, padding, ops.shape(keys)[2])
             mask = window if mask is None else ops.logical_and(mask, window)
-        attended, weights = scaled_dot_product_attention(
-            queries,
-            keys,
-            values,
-            mask=mask,
-            dropout_rate=self.dropout,
-            training=training,
-            seed=self.seed_generator,
-            scale=1.0,
-            weight_scale=gaussian,
-        )
-        outputs = self._combine_heads(attended)
+        if self._use_fused_attention(return_attention_scores, training, predictive):
+            attended = fused_dot_product_attention(queries, keys, values, mask=mask)
+            outputs, weights = self._combine_heads(attended, heads_first=False), None
+        else:
+            attended, weights = scaled_dot_product_attention(
+                queries,
+                keys,
+                values,
+                mask=mask,
+                dropout_rate=self.dropout,
+                training=training,
+                seed=self.seed_generator,
+                scale=1.0,
+                weight_scale=gaussian,
+            )
+            outputs = self._combine_heads(attended)
 
         results = (outputs,)
         if return_attention_scores:
@@ -494,6 +570,14 @@ class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
         if cache is not None:
             results += (cache,)
         return results[0] if len(results) == 1 else results
+
+    def _use_fused_attention(self, return_attention_scores, training, predictive):
+        fused = self.fused_attention
+        if fused is None:
+            fused = keras.backend.backend() in FUSED_ATTENTION_BACKENDS
+        # The kernel returns no weights, drops none out and scales none by a Gaussian.
+        attention_dropout = bool(training) and self.dropout > 0
+        return fused and not (return_attention_scores or attention_dropout or predictive)
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
         return query_shape

@@ -29,15 +29,22 @@ Mix it into a `keras.Model` subclass before the Keras base class:
 
     class MyModel(MultiWorkerFit, keras.Model): ...
 
-`Transformer` and `TransformerClassifier` do.
+`Transformer` and `TransformerClassifier` do. `tf.distribute` is TensorFlow's:
+on the JAX and PyTorch backends the mixin changes nothing and TensorFlow is
+never imported.
 """
 
 import keras
-import tensorflow as tf
+
+
+def _on_tensorflow():
+    return keras.backend.backend() == "tensorflow"
 
 
 def spans_workers(strategy):
     """Whether `strategy` is a MultiWorkerMirroredStrategy over more than one worker."""
+    import tensorflow as tf
+
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return False
     tasks = strategy.cluster_resolver.cluster_spec().as_dict().values()
@@ -52,7 +59,12 @@ class MultiWorkerFit:
         # replicas' shares: a collective op across workers, and an error when
         # the shares differ (a last batch of 17 rows over two replicas). This
         # worker's first replica's share has the shapes and dtypes, with neither.
-        if iterator is not None and data_batch is None and self._distribute_strategy is not None:
+        if (
+            _on_tensorflow()
+            and iterator is not None
+            and data_batch is None
+            and self._distribute_strategy is not None
+        ):
             for _, _, batches in iterator:
                 data_batch = keras.tree.map_structure(self._first_replica, next(batches))
                 break
@@ -60,12 +72,18 @@ class MultiWorkerFit:
         return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 
     def _first_replica(self, value):
+        import tensorflow as tf
+
         if isinstance(value, tf.distribute.DistributedValues):
             return self.distribute_strategy.experimental_local_results(value)[0]
         return value
 
     def get_metrics_result(self):
         results = super().get_metrics_result()
+        if not _on_tensorflow():
+            return results
+        import tensorflow as tf
+
         if not tf.distribute.in_cross_replica_context() and spans_workers(tf.distribute.get_strategy()):
             # Inside a step: a vector of one element, for Keras' reduce along axis 0.
             results = {name: tf.reshape(value, [1]) for name, value in results.items()}

@@ -37,7 +37,9 @@ _HOW_TRAINING_RUNS = {
     "save_every_steps": None,
     # Keep the last N epochs' weights for `keras-transformer average-checkpoints`.
     "keep_checkpoints": None,
-    "precision": "float32",
+    # "auto": mixed bfloat16 where the chip has native bfloat16, mixed float16
+    # on GPUs older than Ampere, float32 elsewhere (training/precision.py).
+    "precision": "auto",
     "jit_compile": False,
     "seed": 0,
 }
@@ -153,8 +155,7 @@ DEFAULTS = {
 }
 
 # `--dataset demo`: a corpus and a model small enough to train in a few
-# minutes on two CPU cores. bfloat16 matmuls are ~1.4x faster than float32
-# on CPUs with AMX (and on GPUs).
+# minutes on two CPU cores, in the precision the machine runs fastest.
 DEMO = {
     "tokenizer": {"vocab_size": 1000},
     "model": {"preset": None, "num_layers": 2, "d_model": 128, "num_heads": 4, "d_ff": 512, "dropout": 0.1},
@@ -167,7 +168,6 @@ DEMO = {
         # around (validation accuracy 0.986, 0.972, 0.974 in epochs 4-6) and
         # beam search gets 95.7 BLEU; at half it climbs to 98.2 in 5 epochs.
         "learning_rate_scale": 0.5,
-        "precision": "mixed_bfloat16",
     },
 }
 
@@ -274,8 +274,9 @@ OPTIONS = (
            "each epoch (a kill loses at most N steps)", metavar="N"),
     Option("training", "keep_checkpoints", int, "keep the last N epochs' weights too, for "
            "`keras-transformer average-checkpoints` (the paper averages its last 5)", metavar="N"),
-    Option("training", "precision", help="float32, or mixed precision",
-           choices=("float32", "mixed_float16", "mixed_bfloat16")),
+    Option("training", "precision", help="auto (the default: mixed bfloat16 where the CPU or GPU has fast bfloat16, "
+           "mixed float16 on GPUs older than Ampere, else float32), float32, or a mixed precision",
+           choices=("auto", "float32", "mixed_float16", "mixed_bfloat16")),
     Option("training", "jit_compile", bool, "compile the training step with XLA", tasks=_TRANSLATION),
     Option("training", "seed", int, "the seed of every random choice"),
     Option("training", "attention_samples", int, "validation examples whose attention goes to TensorBoard",

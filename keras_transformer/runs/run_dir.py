@@ -53,12 +53,15 @@ HYPOTHESES = "hypotheses.{split}.txt"
 # Everything a run writes into its directory, and so everything `overwrite`
 # removes; anything else there is the user's and is never touched.
 RUN_FILES = (CONFIG, VOCAB, LABELS, MODEL, CHECKPOINTS, BACKUP, LOGS, HISTORY, METRICS)
+# What `--precision auto` chose when the run started, and why: recorded in
+# the config, and kept when the run resumes (on this machine or another).
+PRECISION_CHOSEN = ("precision_chosen", "precision_reason")
 # Settings a trained run may be given anew when it is continued: how long it
 # trains, what it logs, how it is evaluated. Any other change needs a new run.
 CONTINUABLE_SETTINGS = {
     "training": (
         "epochs", "attention_samples", "bleu_samples", "projector_samples", "cluster_timeout", "save_every_steps",
-        "keep_checkpoints",
+        "keep_checkpoints", *PRECISION_CHOSEN,
     ),
     "evaluation": None,
 }
@@ -165,9 +168,13 @@ def start(run_dir, config, defaults, overwrite=False):
     requested = merge_config(defaults, config)
     if os.path.exists(config_path):
         saved = merge_config(defaults, saving.read_json(config_path))
+        if requested["training"]["precision"] == training.AUTO:
+            # "auto" leaves the precision to the run: a run started before
+            # "auto" existed goes on in the precision it was given.
+            requested["training"]["precision"] = saved["training"]["precision"]
         state = RunState(run_dir, saved)
         if not state.trained:
-            if saved != requested:
+            if _without_precision_chosen(saved) != requested:
                 logger.info("%s never kept a trained step: starting it again with the new settings", run_dir)
                 _remove_run_files(run_dir)
                 os.makedirs(run_dir, exist_ok=True)
@@ -180,12 +187,15 @@ def start(run_dir, config, defaults, overwrite=False):
                     "or pass --overwrite to start over"
                 )
             requested = _continued_config(saved, requested)
+    settings = requested["training"]
+    if "precision_chosen" not in settings:
+        settings["precision_chosen"], settings["precision_reason"] = training.choose_precision(settings["precision"])
     saving.write_json(config_path, requested)
     config = requested
     state = RunState(run_dir, config)
-    settings = config["training"]
     keras.utils.set_random_seed(settings["seed"])
-    training.set_precision(settings["precision"])
+    training.set_precision(settings["precision_chosen"])
+    logger.info("precision: %s (%s)", settings["precision_chosen"], settings["precision_reason"])
     strategy = training.make_strategy(settings["strategy"], settings["cpu_replicas"], settings["cluster_timeout"])
     return config, strategy, state
 
@@ -257,6 +267,13 @@ def _changed_settings(saved, requested):
             if key not in continuable and old.get(key) != new.get(key):
                 changes.append(f"{section}.{key}: {old.get(key)!r} saved, {new.get(key)!r} given")
     return "; ".join(changes)
+
+
+def _without_precision_chosen(config):
+    config = copy.deepcopy(config)
+    for key in PRECISION_CHOSEN:
+        config["training"].pop(key, None)
+    return config
 
 
 def _continued_config(saved, requested):

@@ -1,5 +1,9 @@
 """Training: schedule, loss, metrics, strategy and precision, callbacks."""
 
+from keras_transformer.backends import require_tensorflow
+
+require_tensorflow("keras_transformer.training", "tf.distribute strategies, a fused TensorFlow optimizer and loss")
+
 from keras_transformer.training.backup import TrainingBackup, TrainingInterrupted, read_backup
 from keras_transformer.training.callbacks import (
     AveragedWeights,
@@ -20,12 +24,14 @@ from keras_transformer.training.distribution import (
     set_precision,
     split_cpu,
 )
+from keras_transformer.training.precision import AUTO, choose_precision
 from keras_transformer.training.losses import MaskedSparseCrossEntropy, token_cross_entropy
 from keras_transformer.training.metrics import MaskedAccuracy, Perplexity
 from keras_transformer.training.optimizers import FusedAdam, build_optimizer_variables
 from keras_transformer.training.schedule import TransformerSchedule, transformer_optimizer
 
 __all__ = [
+    "AUTO",
     "AveragedWeights",
     "EpochCheckpoints",
     "EpochSeeds",
@@ -46,6 +52,7 @@ __all__ = [
     "read_backup",
     "TransformerSchedule",
     "build_optimizer_variables",
+    "choose_precision",
     "make_strategy",
     "set_precision",
     "split_cpu",

@@ -24,10 +24,11 @@ import tensorflow as tf
 
 import keras
 
+from keras_transformer.training.precision import PRECISIONS, choose_precision  # noqa: F401 (PRECISIONS: re-exported)
+
 STRATEGIES = ("auto", "mirrored", "multi-worker", "none")
 # How long a worker waits for the rest of its cluster before giving up.
 DEFAULT_CLUSTER_TIMEOUT = 300
-PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 
 
 def split_cpu(num_devices):
@@ -194,7 +195,10 @@ if not ready:
 
 
 def set_precision(policy="float32"):
-    """Set the global Keras dtype policy (before building the model)."""
-    if policy not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {policy!r}")
+    """Set the global Keras dtype policy (before building the model); "auto" is chosen by `choose_precision`.
+
+    Returns `(policy, reason)`: the policy set and why.
+    """
+    policy, reason = choose_precision(policy)
     keras.config.set_dtype_policy(policy)
+    return policy, reason
