@@ -35,6 +35,21 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
+def _no_autograd_on_torch(request):
+    """On PyTorch, outputs compared with NumPy must not track gradients (they could not become arrays).
+
+    Tests that `fit` (marked `trains`) and `gradients()` turn autograd on where they need it.
+    """
+    if keras.backend.backend() != "torch" or "trains" in request.keywords:
+        yield
+        return
+    import torch
+
+    with torch.no_grad():
+        yield
+
+
+@pytest.fixture(autouse=True)
 def _seed_and_policy():
     """Every test starts from the same seed and the float32 policy."""
     keras.utils.set_random_seed(1234)

@@ -27,6 +27,7 @@ def gradients(loss_fn, variables):
     if backend == "torch":
         import torch
 
-        found = torch.autograd.grad(loss_fn(), [variable.value for variable in variables], allow_unused=True)
+        with torch.enable_grad():
+            found = torch.autograd.grad(loss_fn(), [variable.value for variable in variables], allow_unused=True)
         return [None if gradient is None else gradient.detach().cpu().numpy() for gradient in found]
     raise ValueError(f"no gradients for the {backend} backend")

@@ -61,7 +61,7 @@ class TestScaledDotProductAttention:
         values = ops.cast(random(2, 6, 16, seed=6), dtype)
         mask = np.tril(np.ones((4, 6), bool))
         outputs, weights = kt.layers.scaled_dot_product_attention(queries, keys, values, mask=mask)
-        assert outputs.dtype == dtype
+        assert keras.backend.standardize_dtype(outputs.dtype) == dtype
         weights = ops.convert_to_numpy(ops.cast(weights, "float32"))
         assert np.all(np.isfinite(weights))
         assert np.all(weights[:, ~mask] == 0)
@@ -169,6 +169,87 @@ class TestMultiHeadAttention:
         outputs, same_cache = attention(query, value_mask=value_mask, cache=cache)
         np.testing.assert_allclose(outputs, expected, atol=1e-6)
         assert same_cache is cache
+
+
+class TestFusedAttention:
+    """The backend's fused kernel gives what the explicit path gives, wherever it is used."""
+
+    PADDING = np.array([[1] * 7, [1] * 4 + [0] * 3, [1] + [0] * 6], bool)
+
+    @staticmethod
+    def both_paths(attention, call):
+        """`call()` with the explicit path, then with the fused one."""
+        results = []
+        for fused in (False, True):
+            attention.fused_attention = fused
+            results.append(keras.tree.map_structure(ops.convert_to_numpy, call()))
+        return results
+
+    @pytest.mark.parametrize("sliding_window", [None, 2])
+    @pytest.mark.parametrize("causal", [False, True])
+    def test_self_attention_with_padding(self, causal, sliding_window):
+        inputs = random(3, 7, 16, seed=10)
+        attention = kt.layers.MultiHeadAttention(num_heads=4, sliding_window=sliding_window)
+        explicit, fused = self.both_paths(attention, lambda: attention(
+            inputs, query_mask=self.PADDING, value_mask=self.PADDING, use_causal_mask=causal))
+        np.testing.assert_allclose(fused, explicit, atol=1e-5)
+        assert np.all(fused[~self.PADDING] == 0)  # padded queries mix in nothing, on both paths
+
+    def test_cross_attention_and_its_static_cache(self):
+        query, value = random(3, 5, 16, seed=11), random(3, 7, 16, seed=12)
+        attention = kt.layers.MultiHeadAttention(num_heads=4)
+        explicit, fused = self.both_paths(attention, lambda: attention(query, value, value_mask=self.PADDING))
+        np.testing.assert_allclose(fused, explicit, atol=1e-5)
+        cache = attention.compute_cache(value)
+        explicit, fused = self.both_paths(attention, lambda: attention(query[:, :1], value_mask=self.PADDING, cache=cache)[0])
+        np.testing.assert_allclose(fused, explicit, atol=1e-5)
+
+    def test_decoding_steps_on_the_cache(self):
+        inputs = random(2, 6, 16, seed=13)
+        attention = kt.layers.MultiHeadAttention(num_heads=4)
+        attention(inputs)
+
+        def decode():
+            cache, steps = attention.empty_cache(2, 6), []
+            for position in range(6):
+                step, cache = attention(inputs[:, position : position + 1], use_causal_mask=True, cache=cache,
+                                        cache_index=position)
+                steps.append(step)
+            return ops.concatenate(steps, axis=1)
+
+        explicit, fused = self.both_paths(attention, decode)
+        np.testing.assert_allclose(fused, explicit, atol=1e-5)
+
+    def test_gradients_are_the_same(self):
+        inputs = random(3, 7, 16, seed=14)
+        attention = kt.layers.MultiHeadAttention(num_heads=4)
+        attention(inputs)
+        loss = lambda: ops.sum(ops.square(attention(inputs, query_mask=self.PADDING, value_mask=self.PADDING,
+                                                    use_causal_mask=True)))
+        explicit, fused = self.both_paths(attention, lambda: gradients(loss, attention.trainable_variables))
+        for name, a, b in zip([v.path for v in attention.trainable_variables], explicit, fused):
+            assert np.all(np.isfinite(b)), name
+            np.testing.assert_allclose(b, a, atol=1e-4, err_msg=name)
+
+    def test_the_weights_still_come_from_the_explicit_path(self):
+        inputs = random(2, 5, 16, seed=15)
+        attention = kt.layers.MultiHeadAttention(num_heads=2)
+        attention.fused_attention = True
+        outputs, weights = attention(inputs, use_causal_mask=True, return_attention_scores=True)
+        assert tuple(weights.shape) == (2, 2, 5, 5)
+        np.testing.assert_allclose(ops.convert_to_numpy(ops.sum(weights, axis=-1)), 1.0, atol=1e-6)
+        np.testing.assert_allclose(outputs, attention(inputs, use_causal_mask=True), atol=1e-5)
+
+    def test_the_default_is_fused_on_jax_and_pytorch_only(self):
+        attention = kt.layers.MultiHeadAttention(num_heads=2)
+        expected = keras.backend.backend() in ("jax", "torch")
+        assert attention._use_fused_attention(False, False, False) is expected
+        # Weights asked for, dropout on the weights, predicted windows: always explicit.
+        assert not attention._use_fused_attention(True, False, False)
+        dropping = kt.layers.MultiHeadAttention(num_heads=2, dropout=0.1)
+        dropping.fused_attention = True
+        assert not dropping._use_fused_attention(False, True, False) and dropping._use_fused_attention(False, False, False)
+        assert not dropping._use_fused_attention(False, False, True)
 
 
 class TestPredictiveLocalAttention:

@@ -116,6 +116,7 @@ def scaled_dot_product_attention(
     >>> outputs, weights = scaled_dot_product_attention(q, k, v)
     >>> outputs.shape, weights.shape  # ((2, 4, 8), (2, 4, 4))
     """
+    queries, keys, values = (ops.convert_to_tensor(tensor) for tensor in (queries, keys, values))
     if scale is None:
         # Without it the dot products grow with key_dim and push the softmax
         # into tiny gradients.
