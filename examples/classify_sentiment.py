@@ -78,7 +78,7 @@ def main():
     parser.add_argument("--out", help="the run directory (default runs/<dataset>)")
     parser.add_argument("--epochs", type=int)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--precision", default="mixed_bfloat16")
+    parser.add_argument("--precision", default="auto", help="auto: mixed bfloat16 where it is native, else float32")
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     out = arguments.out or f"runs/{arguments.dataset}"

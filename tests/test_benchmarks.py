@@ -148,3 +148,26 @@ def test_the_ctranslate2_conversion_scores_and_translates_as_our_model_does(tmp_
     translations = our_decoder(model, 2, 3, 1, 0.6, 100)(sources)
     # (An untrained model repeats one token to the length cap, but which one depends on the source.)
     assert translations == theirs(sources) and len({tuple(ids) for ids in translations}) > 1
+
+
+@pytest.mark.slow
+def test_the_gpu_benchmark_runs_on_a_cpu_with_a_tiny_model(tmp_path):
+    """benchmarks/gpu.py measures what it says on any JAX device (correctness here, not speed)."""
+    import os
+    import subprocess
+
+    environment = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
+    out = tmp_path / "gpu.json"
+    result = subprocess.run(
+        [sys.executable, BENCHMARKS / "gpu.py", "--tiny", "--precision", "float32", "--seconds", "0.2",
+         "--no-torch-compile", "--out", out], env=environment, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["device"].startswith("cpu") and report["peak_bf16_flops"] > 0
+    assert report["checked"] == "cached greedy decoding equals the full pass"
+    ours = report["train"]["keras_transformer"]
+    assert ours["tokens_per_s"] > 0 and 0 < ours["mfu"] and ours["parameters"] > 0
+    for name in ("keras_transformer", "keras_hub"):
+        decode = report["decode"][name]
+        if "skipped" not in decode:  # keras-hub is in the bench extra, not the test one
+            assert decode["greedy_sentences_per_s"] > 0 and decode["beam_sentences_per_s"] > 0
