@@ -2,7 +2,7 @@
 
 >>> import keras_transformer as kt
 >>> model = kt.models.Transformer.from_preset("small", src_vocab_size=8000, tgt_vocab_size=8000)
->>> kt.callbacks.AttentionMapLogger   # the other packages load on first use
+>>> kt.tensorboard_loggers.AttentionMapLogger   # the other packages load on first use
 """
 
 import importlib
@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 # Imported when first used, so that `import keras_transformer` (all a saved
 # model needs) does not pull in tensorflow-text, sacrebleu or matplotlib.
-_LAZY = ("callbacks", "data", "evaluation", "export", "inference", "runs", "text", "training", "visualization")
+_LAZY = ("data", "evaluation", "export", "inference", "runs", "tensorboard_loggers", "text", "training", "visualization")
 
 # Importing the layers and models registers them with Keras, so that a saved
 # model loads with plain `keras.saving.load_model` after `import

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import keras_transformer as kt
-from keras_transformer.callbacks import AttentionMapLogger, ClassifierAttentionLogger
+from keras_transformer.tensorboard_loggers import AttentionMapLogger, ClassifierAttentionLogger
 from keras_transformer.text import WordPieceTokenizer
 
 from keras_transformer.tensorboard_plugin.server import serve

@@ -299,3 +299,12 @@ def test_malformed_requests_are_refused_and_the_serving_process_lives(export_bas
     for answer in random_answers:
         if answer["answer"] == "InternalError":  # the Python session client cannot convert the dtype
             assert answer["loader"] == "session" and "Unsupported object type" in answer["message"], answer
+
+
+def test_a_run_records_the_precision_auto_chose(trained_demo_run):
+    from keras_transformer.training import choose_precision
+
+    run, _ = trained_demo_run
+    settings = json.loads((run / "config.json").read_text())["training"]
+    assert settings["precision"] == "auto"
+    assert (settings["precision_chosen"], settings["precision_reason"]) == choose_precision("auto")

@@ -1,7 +1,5 @@
 """Precision: `auto` picks what the hardware runs fastest; mixed float16 trains safely under MirroredStrategy."""
 
-import json
-
 import keras
 import numpy as np
 import pytest
@@ -42,13 +40,6 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
     cpuinfo.write_text("processor\t: 0\nmodel name\t: Test CPU\nflags\t\t: fpu avx2 avx512_bf16\n\n")
     assert cpu_flags(cpuinfo) == {"fpu", "avx2", "avx512_bf16"}
     assert cpu_flags(tmp_path / "missing") == set()
-
-
-def test_a_run_records_the_precision_auto_chose(trained_demo_run):
-    run, _ = trained_demo_run
-    settings = json.loads((run / "config.json").read_text())["training"]
-    assert settings["precision"] == "auto"
-    assert (settings["precision_chosen"], settings["precision_reason"]) == choose_precision("auto")
 
 
 # -- mixed float16 under MirroredStrategy -------------------------------------

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import keras_transformer as kt
-from keras_transformer.callbacks import AttentionMapLogger
+from keras_transformer.tensorboard_loggers import AttentionMapLogger
 from keras_transformer.text import WordPieceTokenizer
 from keras_transformer.visualization import figure_to_png, plot_attention
 
@@ -170,7 +170,7 @@ def test_the_projector_logger_writes_embeddings_metadata_and_a_projection(tmp_pa
     from tensorboard.plugins import projector
     from google.protobuf import text_format
 
-    from keras_transformer.callbacks import EmbeddingProjectorLogger, pca_2d
+    from keras_transformer.tensorboard_loggers import EmbeddingProjectorLogger, pca_2d
 
     rng = np.random.default_rng(0)
     # [CLS] = 1, then tokens 2..9; label 1 when token 9 appears.

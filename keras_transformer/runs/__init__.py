@@ -4,9 +4,13 @@
     options.py         every setting's default, and the table of command-line options
     translation.py     train | evaluate | translate | export | plot-attention a translator
     classification.py  train-classifier | classify | evaluate | export a text classifier
+    pretraining.py     pretrain an encoder (masked language modelling)
+    encoders.py        what the two encoder tasks share: labelled corpora, class names,
+                       and the encoder a classifier starts from (--init-from)
 
 `keras-transformer` (cli.py) parses a command and calls a task module. A
-task module never imports another; what they share is in `run_dir`. A new
+task module never imports another; what they share is in `run_dir` (and, for the
+encoder tasks, `encoders`). A new
 task is one module here, its defaults and rows in `options`, and its
 commands in cli.py.
 """

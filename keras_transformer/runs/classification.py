@@ -20,113 +20,22 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_transformer import data, evaluation, models, saving, text, training
-from keras_transformer.callbacks import ClassifierAttentionLogger, EmbeddingProjectorLogger
+from keras_transformer import data, evaluation, text, training
+from keras_transformer.tensorboard_loggers import ClassifierAttentionLogger, EmbeddingProjectorLogger
+from keras_transformer.runs import encoders
 from keras_transformer.runs import run_dir as runs
-from keras_transformer.runs.options import (
-    CLASSIFICATION,
-    CLASSIFICATION_DATASETS,
-    DEFAULTS,
-    SENTIMENT_DATASETS,
-    SENTIMENT_LABELS,
+from keras_transformer.runs.encoders import (  # noqa: F401 (load_examples, with_dataset_path: the task's own API too)
+    class_names,
+    load_class_names,
+    load_examples,
+    save_class_names,
+    with_dataset_path,
 )
+from keras_transformer.runs.options import CLASSIFICATION, DEFAULTS
 
 logger = logging.getLogger("keras_transformer")
 
-# -- data, labels and tokenizer ------------------------------------------------------
-
-
-def with_dataset_path(config):
-    """`--dataset csv:PATH` as the config keeps it: dataset "csv", the path in `data.csv`."""
-    dataset = config.get("data", {}).get("dataset")
-    if dataset is None:
-        return config
-    name, _, csv_path = dataset.partition(":")
-    if name not in CLASSIFICATION_DATASETS or (name == "csv") != bool(csv_path or config["data"].get("csv")):
-        raise _unknown_dataset(dataset)
-    updated = {**config, "data": {**config["data"], "dataset": name}}
-    if csv_path:
-        updated["data"]["csv"] = csv_path
-    _also_train_on(updated["data"])  # a wrong name is refused before the run starts
-    return updated
-
-
-def _unknown_dataset(dataset):
-    names = ", ".join(name for name in CLASSIFICATION_DATASETS if name != "csv")
-    return ValueError(f"dataset must be {names} or csv:PATH, got {dataset!r}")
-
-
-def load_examples(data_config):
-    """`{"train": [(text, label)], "val": [...]}` for the configured corpus.
-
-    `also_train_on` names built-in sentiment corpora (comma-separated) whose training examples
-    join the training set (their labels mean what this corpus's do); the
-    validation set stays this corpus's own.
-    """
-    examples = _load_corpus(data_config)
-    for extra in _also_train_on(data_config):
-        # From its default place ($KERAS_TRANSFORMER_DATA/NAME or ../shared/data/NAME): data_dir is this corpus's.
-        examples["train"] = examples["train"] + _load_corpus({**data_config, "dataset": extra, "data_dir": None})["train"]
-    for split in ("train", "val"):
-        limit = data_config.get(f"limit_{split}")
-        if limit:
-            examples[split] = examples[split][:limit]
-    return examples
-
-
-def _also_train_on(data_config):
-    """The corpus names in `also_train_on` ("sst2,imdb"), each checked."""
-    names = [name.strip() for name in (data_config.get("also_train_on") or "").split(",") if name.strip()]
-    for name in names:
-        if name not in SENTIMENT_DATASETS or name == data_config.get("dataset"):
-            others = ", ".join(other for other in SENTIMENT_DATASETS if other != data_config.get("dataset"))
-            raise ValueError(f"also_train_on must name {others}, got {name!r}")
-    return names
-
-
-def _load_corpus(data_config):
-    dataset = data_config["dataset"]
-    if dataset == "sst2":
-        examples = data.load_sst2(data_config["data_dir"])
-    elif dataset == "imdb":
-        examples = data.load_imdb(data_config["data_dir"], data_config["val_fraction"])
-    elif dataset == "imdb-sentences":
-        examples = data.load_imdb_sentences(data_config["data_dir"], data_config["val_fraction"])
-    elif dataset == "csv":
-        if not data_config["csv"]:
-            raise ValueError("dataset csv needs a file: --dataset csv:PATH")
-        examples = data.load_labelled_csv(data_config["csv"], data_config["val_csv"], data_config["val_fraction"])
-    else:
-        raise _unknown_dataset(dataset)
-    return examples
-
-
-def class_names(data_config, num_classes):
-    """The name of each label id: the config's `labels`, the sentiment sets' names, else "0", "1", ..."""
-    names = data_config.get("labels")
-    if names is None and data_config["dataset"] in SENTIMENT_DATASETS and num_classes == len(SENTIMENT_LABELS):
-        names = SENTIMENT_LABELS
-    names = [str(name) for name in names] if names is not None else [str(label) for label in range(num_classes)]
-    if len(names) != num_classes:
-        raise ValueError(f"data.labels names {len(names)} classes; the data has {num_classes}")
-    return names
-
-
-def save_class_names(run_dir, names):
-    saving.replace_whole(runs.path(run_dir, runs.LABELS), lambda staging: _write_lines(staging, names))
-
-
-def load_class_names(run_dir):
-    labels_path = runs.path(run_dir, runs.LABELS)
-    if not os.path.exists(labels_path):
-        raise FileNotFoundError(f"{run_dir} has no {runs.LABELS}: is it a classifier run whose training started?")
-    with open(labels_path, encoding="utf-8") as file:
-        return file.read().splitlines()
-
-
-def _write_lines(file_path, lines):
-    with open(file_path, "w", encoding="utf-8") as file:
-        file.write("\n".join(lines) + "\n")
+# -- tokenizer ----------------------------------------------------------------------
 
 
 def tokenizer(run_dir, tokenizer_config, train_texts=None):
@@ -139,14 +48,8 @@ def tokenizer(run_dir, tokenizer_config, train_texts=None):
 
 # -- model ---------------------------------------------------------------------------
 
-
-def build_model(config, vocab_size, num_classes):
-    """The run's TransformerClassifier, built (weights made), not trained."""
-    # A classifier started from a pre-trained encoder has that encoder's position table (`model.max_length`).
-    arguments = {"max_length": config["training"]["max_length"], **config["model"]}
-    model = models.TransformerClassifier(vocab_size=vocab_size, num_classes=num_classes, **arguments)
-    model.build((None, None))
-    return model
+# Every task module has its `build_model`; a classifier's is shared with pre-training (`--init-from`).
+build_model = encoders.build_classifier
 
 
 def compile_model(model, config):
@@ -177,15 +80,13 @@ def train(config, run_dir, verbose=1, overwrite=False):
 
 
 def _train(config, run_dir, verbose, overwrite):
-    from keras_transformer.runs import pretraining
-
-    config = pretraining.classifier_config(with_dataset_path(config))
+    config = encoders.classifier_config(with_dataset_path(config))
     config, strategy, state = runs.start(run_dir, config, DEFAULTS[CLASSIFICATION], overwrite)
     settings = config["training"]
     if state.finished:
         return runs.nothing_to_train(run_dir, state)
     if settings["init_from"] and not os.path.exists(os.path.join(runs.vocab_path(run_dir), text.TOKENIZER_SETTINGS)):
-        pretraining.pretrained_vocabulary(settings["init_from"]).save(runs.vocab_path(run_dir))
+        encoders.pretrained_vocabulary(settings["init_from"]).save(runs.vocab_path(run_dir))
     examples = load_examples(config["data"])
     num_classes = max(label for _, label in examples["train"] + examples["val"]) + 1
     save_class_names(run_dir, class_names(config["data"], num_classes))
@@ -203,7 +104,7 @@ def _train(config, run_dir, verbose, overwrite):
         compile_model(model, config)
     if settings["init_from"] and not state.epochs_done and not state.batches_done:
         # A fresh start; a resumed run restores its own weights from the backup.
-        model.encoder.set_weights(pretraining.pretrained_encoder_weights(settings["init_from"]))
+        model.encoder.set_weights(encoders.pretrained_encoder_weights(settings["init_from"]))
         logger.info("encoder initialised from %s", settings["init_from"])
     logger.info("model: %d parameters, %d replica(s)", model.count_params(), replicas)
 

@@ -195,8 +195,8 @@ def start(run_dir, config, defaults, overwrite=False):
     state = RunState(run_dir, config)
     keras.utils.set_random_seed(settings["seed"])
     training.set_precision(settings["precision_chosen"])
-    logger.info("precision: %s (%s)", settings["precision_chosen"], settings["precision_reason"])
     strategy = training.make_strategy(settings["strategy"], settings["cpu_replicas"], settings["cluster_timeout"])
+    logger.info("precision: %s (%s)", settings["precision_chosen"], settings["precision_reason"])
     return config, strategy, state
 
 

@@ -183,7 +183,7 @@ def _train(config, run_dir, verbose, overwrite):
 
 
 def _sample_callbacks(run_dir, settings, val_pairs, source_tokenizer, target_tokenizer):
-    from keras_transformer.callbacks import AttentionMapLogger, attention_samples
+    from keras_transformer.tensorboard_loggers import AttentionMapLogger, attention_samples
 
     samples = attention_samples(val_pairs, settings["attention_samples"])
     if not samples:

@@ -1,4 +1,4 @@
-"""TensorBoard callbacks that show what a model has learned.
+"""TensorBoard loggers: callbacks that show what a model learns (`training.callbacks` holds training's own).
 
 `AttentionMapLogger` writes, at the end of an epoch, for a few fixed
 validation pairs: a heatmap grid per layer (one panel per head) of the
@@ -19,7 +19,7 @@ image, so the classes can be seen separating epoch by epoch.
 
 from keras_transformer.backends import require_tensorflow
 
-require_tensorflow("keras_transformer.callbacks", "TensorBoard summaries of TensorFlow decoding")
+require_tensorflow("keras_transformer.tensorboard_loggers", "TensorBoard summaries of TensorFlow decoding")
 
 import os
 
