@@ -132,7 +132,7 @@ def test_a_killed_or_preempted_worker_costs_at_most_n_steps_and_the_chief_alone_
         "--limit-val", 16, "--vocab-size", 300, *TINY_MODEL, "--max-length", 24, "--tokens-per-batch", 512,
         "--bleu-samples", 4, "--attention-samples", 1, "--no-evaluate",
         # Generous: a restarted worker's TensorFlow may take long to start on a busy machine.
-        "--cluster-timeout", 90,
+        "--cluster-timeout", 45,
         "--save-every-steps", 10,
     ]
     # kill -9 of a worker in the middle of the second epoch, after a backup there.
