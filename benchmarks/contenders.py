@@ -112,6 +112,18 @@ def _keras_hub(config):
     return keras.Model([source, target], _float32_logits(decoded, config), name="keras_hub_transformer")
 
 
+def keras_hub_parts(model, config=SMALL):
+    """The keras-hub contender's layers by role, for a decoding loop:
+    `(source_embedding, target_embedding, encoders, decoders, logits_layer)`."""
+    return (
+        model.get_layer("source_embedding"),
+        model.get_layer("target_embedding"),
+        [model.get_layer(f"encoder_{index}") for index in range(config["num_layers"])],
+        [model.get_layer(f"decoder_{index}") for index in range(config["num_layers"])],
+        model.get_layer("logits"),
+    )
+
+
 # -- the TensorFlow tutorial's design ---------------------------------------
 
 

@@ -125,9 +125,8 @@ def keras_training_rate(name, config, seconds):
 def torch_training_rate(config, seconds, precision, compile_model):
     """The same for `nn.Transformer` (benchmarks/torch_contender.py), on CUDA when there is one."""
     import torch
-    from torch import nn
 
-    from torch_contender import TorchTranslator
+    from torch_contender import TorchTranslator, training_step
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
@@ -141,15 +140,8 @@ def torch_training_rate(config, seconds, precision, compile_model):
     done = [0]
 
     def step():
-        source, target_in, target_out = data[done[0] % len(data)]
         done[0] += 1
-        with autocast:
-            logits = step_model(source, target_in)
-        loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target_out.reshape(-1))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        float(loss)  # wait for the step
+        training_step(step_model, optimizer, autocast, *data[done[0] % len(data)])
 
     steps_per_s = timed(step, seconds)
     parameters = sum(parameter.numel() for parameter in model.parameters())
@@ -224,11 +216,9 @@ def keras_hub_generate(model, config, beam_size, new_tokens, source_length):
     """The same with keras-hub's `TransformerDecoder` caches (as in benchmarks/rows.py)."""
     from keras import ops
 
-    source_embedding = model.get_layer("source_embedding")
-    target_embedding = model.get_layer("target_embedding")
-    encoders = [model.get_layer(f"encoder_{index}") for index in range(config["num_layers"])]
-    decoders = [model.get_layer(f"decoder_{index}") for index in range(config["num_layers"])]
-    logits_layer = model.get_layer("logits")
+    from contenders import keras_hub_parts
+
+    source_embedding, target_embedding, encoders, decoders, logits_layer = keras_hub_parts(model, config)
     heads, head_dim = config["num_heads"], config["d_model"] // config["num_heads"]
 
     def generate(source):

@@ -187,16 +187,12 @@ def _keras_hub_decoder(args, config):
     import tensorflow as tf
     from keras import ops
 
-    from contenders import build_keras_model
+    from contenders import build_keras_model, keras_hub_parts
 
     if args.search != "greedy" or args.no_cache:
         raise ValueError("the keras-hub row is cached greedy decoding")
     model = build_keras_model("keras_hub", config)
-    source_embedding = model.get_layer("source_embedding")
-    target_embedding = model.get_layer("target_embedding")
-    encoders = [model.get_layer(f"encoder_{index}") for index in range(config["num_layers"])]
-    decoders = [model.get_layer(f"decoder_{index}") for index in range(config["num_layers"])]
-    logits_layer = model.get_layer("logits")
+    source_embedding, target_embedding, encoders, decoders, logits_layer = keras_hub_parts(model, config)
     heads, head_dim = config["num_heads"], config["d_model"] // config["num_heads"]
     sampler = keras_hub.samplers.GreedySampler()
 

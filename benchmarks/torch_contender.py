@@ -51,6 +51,17 @@ class TorchTranslator(nn.Module):
         return self.output(hidden).float()
 
 
+def training_step(model, optimizer, autocast, source, target_in, target_out):
+    """One Adam step on cross-entropy; returns when the step has finished."""
+    with autocast:
+        logits = model(source, target_in)
+    loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target_out.reshape(-1))
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    float(loss)  # wait for the step, as Keras' fit does for its logs
+
+
 def train_steps(dtype, batches, windows):
     """Train on `batches` (numpy (source, target_in, target_out)) in a loop until `windows` is done."""
     torch.manual_seed(0)
@@ -61,14 +72,7 @@ def train_steps(dtype, batches, windows):
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16")
     step = 0
     while not windows.done:
-        source, target_in, target_out = batches[step % len(batches)]
-        with autocast:
-            logits = model(source, target_in)
-        loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target_out.reshape(-1))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        float(loss)  # wait for the step, as Keras' fit does for its logs
+        training_step(model, optimizer, autocast, *batches[step % len(batches)])
         windows.step_done()
         step += 1
     return sum(p.numel() for p in model.parameters())
