@@ -7,9 +7,9 @@ tensorflow-text tokenizers (`data`, `text`, usable from any backend, as
 TensorFlow code beside it), and the parts that run our models inside
 TensorFlow graphs and strategies: `training` (`tf.distribute`, the fused
 optimizer, the custom-gradient loss), `inference` (searches in
-`tf.while_loop`), `export` (SavedModels), `callbacks`, `runs` and the
-command line. Importing one of those under another backend fails at once,
-in one line that says so.
+`tf.while_loop`), `export` (SavedModels) and `tensorboard_loggers`, which
+fail at once in one line when imported under another backend; `runs`
+builds on them, and the command line sets another backend aside.
 """
 
 import keras
