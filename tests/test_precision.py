@@ -15,6 +15,7 @@ pytestmark = pytest.mark.tensorflow
     "flags, gpus, expected",
     [
         ({"avx2", "fma"}, [], "float32"),  # AVX2 only: bfloat16 is emulated
+        ({"avx2", "avx512f", "avx512bw", "avx512_vnni"}, [], "float32"),  # Skylake/Cascade Lake: AVX-512, no bfloat16
         ({"avx2", "avx512f", "avx512_bf16"}, [], "mixed_bfloat16"),  # Cooper Lake, Zen 4
         ({"avx2", "avx512f", "amx_bf16", "amx_tile"}, [], "mixed_bfloat16"),  # Sapphire Rapids
         ({"avx2"}, [(9, 0)], "mixed_bfloat16"),  # H100
