@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 import keras_transformer as kt
+from helpers import assert_same_weights
 from keras_transformer import training
 
 SMALL = dict(src_vocab_size=30, tgt_vocab_size=40, num_layers=1, d_model=16, num_heads=2, d_ff=32, max_length=20, dropout=0.0)
@@ -199,6 +200,41 @@ def test_optimizer_variables_built_before_fit_train_the_same_weights():
         trained.append(model.get_weights())
     for lazily_built, built_first in zip(*trained):
         np.testing.assert_allclose(built_first, lazily_built, rtol=1e-5, atol=1e-6)
+
+
+def test_accumulating_k_batches_updates_as_one_batch_k_times_larger():
+    """`accumulate_steps`: 4 batches of 4 pairs train as 1 batch of 16, and the schedule counts updates."""
+    rng = np.random.default_rng(1)
+    # No padding: every pair has as many tokens, so the mean of the four
+    # batches' mean losses is the big batch's mean over all its tokens.
+    sources = rng.integers(4, 30, (32, 6)).astype("int32")
+    targets = rng.integers(4, 40, (32, 7)).astype("int32")
+    trained = {}
+    for accumulate_steps, batch_size in ((1, 16), (4, 4)):
+        keras.utils.set_random_seed(3)
+        model = kt.models.Transformer(**SMALL)
+        model.build(((None, None), (None, None)))
+        optimizer = training.transformer_optimizer(d_model=16, warmup_steps=4, accumulate_steps=accumulate_steps)
+        model.compile(optimizer=optimizer, loss=training.MaskedSparseCrossEntropy(0.1))
+        training.build_optimizer_variables(model)
+        model.fit((sources, targets[:, :-1]), targets[:, 1:], batch_size=batch_size, epochs=1, verbose=0,
+                  shuffle=False)
+        # Paths without the model's own name, which differs between the two.
+        weights = {
+            variable.path.split("/", 1)[1]: keras.ops.convert_to_numpy(variable) for variable in model.trainable_variables
+        }
+        trained[accumulate_steps] = (weights, optimizer)
+    (one_batch, one_optimizer), (accumulated, accumulating_optimizer) = trained[1], trained[4]
+    assert_same_weights(accumulated, one_batch, rtol=1e-4, atol=2e-6)
+    initial = _compiled_small_model().get_weights()
+    assert not all(np.allclose(weight, start) for weight, start in zip(accumulated.values(), initial)), "no update"
+    # Two updates each; the learning rate is the schedule's at update 2, not batch 8.
+    assert int(accumulating_optimizer.iterations) == int(one_optimizer.iterations) == 2
+    np.testing.assert_allclose(
+        float(accumulating_optimizer.learning_rate), float(one_optimizer.learning_rate), rtol=1e-6
+    )
+    with pytest.raises(ValueError, match="accumulate_steps must be a positive integer"):
+        training.transformer_optimizer(d_model=16, accumulate_steps=0)
 
 
 def test_optimizer_variables_need_a_built_compiled_model():

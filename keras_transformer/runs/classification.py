@@ -61,6 +61,7 @@ def compile_model(model, config):
             settings["learning_rate_scale"],
             weight_decay=settings["weight_decay"],
             ema_momentum=settings["ema_momentum"],
+            accumulate_steps=settings["accumulate_steps"],
         ),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],

@@ -41,6 +41,8 @@ _HOW_TRAINING_RUNS = {
     # on GPUs older than Ampere, float32 elsewhere (training/precision.py).
     "precision": "auto",
     "jit_compile": False,
+    # Update the weights once every N batches, with their mean gradient.
+    "accumulate_steps": 1,
     "seed": 0,
 }
 
@@ -259,7 +261,9 @@ OPTIONS = (
            tasks=_TRANSLATION),
     Option("training", "tokens_per_batch", int, "batch by length under this token budget", tasks=_TRANSLATION),
     Option("training", "batch_size", int, "sentences per batch (translation: instead of a token budget)"),
-    Option("training", "warmup_steps", int, "steps of learning-rate warm-up"),
+    Option("training", "warmup_steps", int, "steps of learning-rate warm-up (weight updates)"),
+    Option("training", "accumulate_steps", int, "update the weights once every K batches, with their mean "
+           "gradient: K batches of B tokens train as one of K x B (the schedule counts updates)", metavar="K"),
     Option("training", "learning_rate_scale", float, "multiplies the schedule's learning rate"),
     Option("training", "label_smoothing", float, "label smoothing of the loss", tasks=_TRANSLATION),
     Option("training", "ema_momentum", float, "validate and keep a moving average of the weights over about "

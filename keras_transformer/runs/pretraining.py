@@ -61,6 +61,7 @@ def compile_model(model, config):
         optimizer=training.transformer_optimizer(
             config["model"]["d_model"], settings["warmup_steps"], settings["learning_rate_scale"],
             ema_momentum=settings["ema_momentum"],
+            accumulate_steps=settings["accumulate_steps"],
         ),
         # Labels are 0 where nothing was hidden: the masked loss and accuracy read only the hidden tokens.
         loss=training.MaskedSparseCrossEntropy(),

@@ -101,6 +101,7 @@ def compile_model(model, training_config):
             training_config["warmup_steps"],
             training_config["learning_rate_scale"],
             ema_momentum=training_config["ema_momentum"],
+            accumulate_steps=training_config["accumulate_steps"],
         ),
         loss=training.MaskedSparseCrossEntropy(training_config["label_smoothing"]),
         metrics=[training.MaskedAccuracy(), training.Perplexity()],
