@@ -108,7 +108,7 @@ def exported(tmp_path_factory):
     examples = [(text, 1) for text in POSITIVE] + [(text, 0) for text in NEGATIVE]
     tokenizer = WordPieceTokenizer.learn(
         [text for text, _ in examples], vocab_size=200, lower_case=True, reserved_tokens=CLASSIFIER_TOKENS,
-        learn_params={"lower_thresh": 1},  # twenty sentences: keep every word
+        min_count=1,  # twenty sentences: keep every word
     )
     model = TransformerClassifier(
         vocab_size=tokenizer.vocab_size, num_classes=2, num_layers=2, d_model=32, num_heads=2, d_ff=64,

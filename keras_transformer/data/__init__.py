@@ -1,12 +1,15 @@
 """Corpora and tf.data pipelines: pairs of strings in, batches of ids out.
 
 Nothing here knows the model; tokenizers come from `keras_transformer.text`.
+A corpus of any size streams from disk (`streaming`) and is tokenized once
+into shards (`token_shards`) that the batches are read from (`pipeline`).
 """
 
 from keras_transformer.data.corpora import (
     CorpusError,
     load_multi30k,
     multi30k_directory,
+    multi30k_files,
     read_lines,
     read_parallel_files,
     read_tsv,
@@ -22,8 +25,12 @@ from keras_transformer.data.sentiment import (
     read_labelled,
     sentence_pieces,
 )
+from keras_transformer.data.streaming import PairsInMemory, ParallelText, Split
+from keras_transformer.data.token_shards import TokenShards, open_token_shards, tokenize_once
 from keras_transformer.data.pipeline import (
+    SHUFFLE_BUFFER,
     TranslationBatches,
+    each_epoch,
     hidden_positions,
     make_classification_batches,
     make_pretraining_batches,
@@ -33,6 +40,15 @@ from keras_transformer.data.pipeline import (
 )
 
 __all__ = [
+    "PairsInMemory",
+    "ParallelText",
+    "SHUFFLE_BUFFER",
+    "Split",
+    "TokenShards",
+    "each_epoch",
+    "multi30k_files",
+    "open_token_shards",
+    "tokenize_once",
     "CorpusError",
     "TranslationBatches",
     "dataset_directory",

@@ -109,8 +109,8 @@ def multi30k_directory(data_dir=None):
     return _SHARED_DATA / "multi30k"
 
 
-def load_multi30k(data_dir=None, direction="de-en", splits=("train", "val"), download=True, cache_dir=None):
-    """Multi30k task 1 pairs for each split, oriented by `direction` ("de-en" or "en-de").
+def multi30k_files(data_dir=None, direction="de-en", split="train", download=True, cache_dir=None):
+    """`(source file, target file)` of a Multi30k task 1 split, oriented by `direction` ("de-en" or "en-de").
 
     Files `train`, `val` and `test_2016_flickr` `.en`/`.de` are read from
     `multi30k_directory(data_dir)`. A file that is not there is downloaded
@@ -120,24 +120,28 @@ def load_multi30k(data_dir=None, direction="de-en", splits=("train", "val"), dow
     languages = direction.split("-")
     if sorted(languages) != ["de", "en"]:
         raise ValueError(f"direction must be 'de-en' or 'en-de', got {direction!r}")
-    source_language, target_language = languages
+    if split not in MULTI30K_SPLITS:
+        raise ValueError(f"unknown Multi30k split {split!r}; choose from {sorted(MULTI30K_SPLITS)}")
     directory = multi30k_directory(data_dir)
     cache_dir = Path(cache_dir or Path.home() / ".keras" / "datasets" / "multi30k")
-    result = {}
-    for split in splits:
-        if split not in MULTI30K_SPLITS:
-            raise ValueError(f"unknown Multi30k split {split!r}; choose from {sorted(MULTI30K_SPLITS)}")
-        paths = {}
-        for language in (source_language, target_language):
-            name = f"{MULTI30K_SPLITS[split]}.{language}"
-            local, cached = directory / name, cache_dir / name
-            if local.is_file():
-                paths[language] = local
-            elif cached.is_file():
-                paths[language] = cached
-            elif download:
-                paths[language] = _download_multi30k_file(name, cache_dir)
-            else:
-                raise FileNotFoundError(f"Multi30k file {name} is in neither {directory} nor {cache_dir}")
-        result[split] = read_parallel_files(paths[source_language], paths[target_language])
-    return result
+    paths = []
+    for language in languages:
+        name = f"{MULTI30K_SPLITS[split]}.{language}"
+        local, cached = directory / name, cache_dir / name
+        if local.is_file():
+            paths.append(local)
+        elif cached.is_file():
+            paths.append(cached)
+        elif download:
+            paths.append(_download_multi30k_file(name, cache_dir))
+        else:
+            raise FileNotFoundError(f"Multi30k file {name} is in neither {directory} nor {cache_dir}")
+    return tuple(paths)
+
+
+def load_multi30k(data_dir=None, direction="de-en", splits=("train", "val"), download=True, cache_dir=None):
+    """Multi30k task 1 pairs for each split (`multi30k_files`), as lists of `(source, target)`."""
+    return {
+        split: read_parallel_files(*multi30k_files(data_dir, direction, split, download, cache_dir))
+        for split in splits
+    }

@@ -1,7 +1,8 @@
 """Sentence pairs -> batches for `model.fit` (paper Section 5.1), with tf.data.
 
-    pairs -> tokenize (in the pipeline) -> drop or truncate long pairs -> cache
-          -> shuffle -> batch by length under a token budget -> prefetch
+    pairs -> tokenize (in the pipeline) -> cache -> shuffle
+      (or: token shards, tokenized once on disk -> read in a shuffled order -> shuffle)
+          -> drop or truncate long pairs -> batch by length under a token budget -> prefetch
 
 Each element is `((source_ids, target_input_ids), target_label_ids)`:
 teacher forcing feeds the decoder the target shifted right ([START] w1 w2 ...)
@@ -20,7 +21,11 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from keras_transformer.data.token_shards import TokenShards
+
 LONG_PAIR_POLICIES = ("drop", "truncate")
+# Pairs shuffled at a time: the whole of a small corpus, a window of a large one.
+SHUFFLE_BUFFER = 100_000
 
 
 @dataclasses.dataclass
@@ -68,11 +73,15 @@ def make_translation_batches(
     shuffle=True,
     seed=None,
     batch_multiple=1,
+    shards=None,
+    shuffle_buffer=SHUFFLE_BUFFER,
 ):
-    """Batches for training or evaluation from `(source, target)` string pairs.
+    """Batches for training or evaluation from `(source, target)` string pairs, or from token shards.
 
     Args:
-        pairs: list of (source text, target text).
+        pairs: a list of (source text, target text), tokenized here and kept
+            in memory; or `TokenShards` (`data.token_shards`), the corpus
+            tokenized once on disk by these tokenizers, read as it is needed.
         source_tokenizer, target_tokenizer: `WordPieceTokenizer`s.
         max_length: longest sequence in tokens, [START]/[END] included.
         tokens_per_batch: token budget per batch (rows x padded length, the
@@ -81,11 +90,14 @@ def make_translation_batches(
         long_pairs: "drop" pairs longer than max_length, or "truncate" them.
         shuffle: shuffle pairs each epoch (training).
         seed: shuffling seed: with one, epoch e's order depends on `seed`
-            and `e` alone (see `shuffle_each_epoch`).
+            and `e` alone (see `each_epoch`).
         batch_multiple: trim every batch to a multiple of this many rows (the
             number of replicas), so each replica gets an equal share; Keras'
             `fit` under MirroredStrategy fails on a first batch that splits
             unevenly. At most batch_multiple - 1 pairs a batch are left out.
+        shards: with `TokenShards`, read only these shards (a worker's share).
+        shuffle_buffer: pairs shuffled at a time; token shards are also read
+            in an order shuffled each epoch.
 
     Returns:
         `TranslationBatches`.
@@ -102,14 +114,20 @@ def make_translation_batches(
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     if max_length < 3:
         raise ValueError(f"max_length must leave room for [START], a token and [END]; got {max_length}")
-    if not pairs:
-        raise ValueError("no sentence pairs to batch")
 
-    sources = tf.constant([source for source, _ in pairs], tf.string)
-    targets = tf.constant([target for _, target in pairs], tf.string)
-
-    def tokenize(source, target):
-        return source_tokenizer.tokenize(source), target_tokenizer.tokenize(target)
+    if isinstance(pairs, TokenShards):
+        lengths = pairs.lengths(shards)
+        if not len(lengths):
+            raise ValueError("no sentence pairs to batch")
+        tokenized, epoch = _shard_pairs(pairs, shards, shuffle, seed, shuffle_buffer)
+    else:
+        if not pairs:
+            raise ValueError("no sentence pairs to batch")
+        tokenized, lengths = _tokenized_in_memory(pairs, source_tokenizer, target_tokenizer)
+        # The ids are kept after the first pass; every later epoch reads them.
+        tokenized, epoch = tokenized.cache(), None
+        if shuffle:
+            tokenized, epoch = shuffle_each_epoch(tokenized, min(len(lengths), shuffle_buffer), seed)
 
     def too_long(source, target):
         return tf.logical_or(tf.size(source) > max_length, tf.size(target) > max_length)
@@ -126,33 +144,20 @@ def make_translation_batches(
 
         return cut(source, source_tokenizer.end_id), cut(target, target_tokenizer.end_id)
 
-    tokenized = (
-        tf.data.Dataset.from_tensor_slices((sources, targets))
-        .batch(1024)
-        .map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
-        .unbatch()
-    )
-    # One pass over the lengths: what max_length costs (for the caller to
-    # report), and how many batches an epoch has (for Keras' progress bar).
-    sizes = tokenized.map(lambda source, target: tf.stack([tf.size(source), tf.size(target)]))
-    lengths = np.concatenate(list(sizes.batch(1 << 16).as_numpy_iterator()))  # (pairs, 2)
+    # What max_length costs (for the caller to report), and how many batches
+    # an epoch has (for Keras' progress bar), from the lengths alone.
     long = (lengths > max_length).any(axis=1)
     num_long = int(long.sum())
     if long_pairs == "drop":
-        kept = tokenized.filter(lambda source, target: tf.logical_not(too_long(source, target)))
-        counts = dict(num_pairs=len(pairs) - num_long, num_dropped=num_long, num_truncated=0)
+        dataset = tokenized.filter(lambda source, target: tf.logical_not(too_long(source, target)))
+        counts = dict(num_pairs=len(lengths) - num_long, num_dropped=num_long, num_truncated=0)
         lengths = lengths[~long]
     else:
-        kept = tokenized.map(truncate)
-        counts = dict(num_pairs=len(pairs), num_dropped=0, num_truncated=num_long)
+        dataset = tokenized.map(truncate)
+        counts = dict(num_pairs=len(lengths), num_dropped=0, num_truncated=num_long)
         lengths = np.minimum(lengths, max_length)
     if counts["num_pairs"] == 0:
         raise ValueError(f"every pair is longer than max_length={max_length} tokens")
-
-    dataset = kept.cache()
-    epoch = None
-    if shuffle:
-        dataset, epoch = shuffle_each_epoch(dataset, min(counts["num_pairs"], 100_000), seed)
 
     def teacher_forcing(source, target):
         return (source, target[:-1]), target[1:]
@@ -193,6 +198,42 @@ def make_translation_batches(
     return TranslationBatches(dataset=dataset, epoch=epoch, num_batches=num_batches, **counts)
 
 
+def _tokenized_in_memory(pairs, source_tokenizer, target_tokenizer):
+    """`(dataset of (source ids, target ids), (pairs, 2) lengths)` for a list of string pairs."""
+    sources = tf.constant([source for source, _ in pairs], tf.string)
+    targets = tf.constant([target for _, target in pairs], tf.string)
+
+    def tokenize(source, target):
+        return source_tokenizer.tokenize(source), target_tokenizer.tokenize(target)
+
+    tokenized = (
+        tf.data.Dataset.from_tensor_slices((sources, targets))
+        .batch(1024)
+        .map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
+        .unbatch()
+    )
+    sizes = tokenized.map(lambda source, target: tf.stack([tf.size(source), tf.size(target)]))
+    return tokenized, np.concatenate(list(sizes.batch(1 << 16).as_numpy_iterator()))
+
+
+def _shard_pairs(shards, chosen, shuffle, seed, shuffle_buffer):
+    """`(dataset of (source ids, target ids), epoch variable)` read from token shards.
+
+    Shuffled, each epoch reads the files in another order and shuffles the
+    pairs through a buffer of `shuffle_buffer`: memory stays that buffer,
+    however large the corpus.
+    """
+    if not shuffle:
+        return shards.dataset(chosen), None
+    files = shards.files(chosen)
+
+    def one_pass(pass_seed):
+        file_order = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), seed=pass_seed)
+        return shards.dataset(chosen, file_order=file_order).shuffle(shuffle_buffer, seed=pass_seed)
+
+    return each_epoch(one_pass, seed)
+
+
 def _batches_of(count, rows, batch_multiple=1, drop_remainder=False):
     """How many batches `count` elements make, `rows` a batch.
 
@@ -204,8 +245,8 @@ def _batches_of(count, rows, batch_multiple=1, drop_remainder=False):
     return full_kept + (1 if remainder >= max(batch_multiple, 1) and not drop_remainder else 0)
 
 
-def shuffle_each_epoch(dataset, buffer_size, seed=None):
-    """`dataset` shuffled anew on every pass, in an order set by `seed` and the pass's epoch number.
+def each_epoch(make_pass, seed=None):
+    """A dataset whose every pass is `make_pass(pass_seed)`, with a seed set by `seed` and the pass's epoch number.
 
     `Dataset.shuffle(seed=s, reshuffle_each_iteration=True)` also gives a
     new order each pass, but the k-th order depends on how many passes this
@@ -213,8 +254,35 @@ def shuffle_each_epoch(dataset, buffer_size, seed=None):
     k starts again from the first order, and trains on other batches than an
     uninterrupted run would. Here each pass reads the epoch number from a
     variable when it starts (and moves it on by one), so epoch e is always
-    shuffled with the seed `(seed, e)`; a resumed run sets the variable to the
+    made with the seed `(seed, e)`; a resumed run sets the variable to the
     epoch it resumes at (`keras_transformer.training.EpochSeeds` does that).
+
+    Args:
+        make_pass: `pass_seed (int64 tensor) -> tf.data.Dataset`.
+        seed: an integer; None makes every pass with a random seed.
+
+    Returns:
+        `(dataset, epoch variable)`; the variable is None without a seed.
+    """
+    if seed is None:
+        random_seed = lambda _: make_pass(tf.random.uniform([], maxval=2**62, dtype=tf.int64))  # noqa: E731
+        return tf.data.Dataset.from_tensors(0).flat_map(random_seed), None
+    epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="shuffle_epoch")
+
+    def one_pass(_):
+        this_epoch = epoch.assign_add(1) - 1
+        # tf.data takes a seed computed in the graph only while the graph has
+        # no global seed (`keras.utils.set_random_seed` sets one); `seed` and
+        # the epoch are all the randomness wanted here, so drop it.
+        tf.compat.v1.get_default_graph().seed = None
+        # Distinct seeds for distinct (seed, epoch) pairs up to a million epochs.
+        return make_pass(seed * 1_000_003 + this_epoch)
+
+    return tf.data.Dataset.from_tensors(0).flat_map(one_pass), epoch
+
+
+def shuffle_each_epoch(dataset, buffer_size, seed=None):
+    """`dataset` shuffled anew on every pass, in an order set by `seed` and the pass's epoch number (`each_epoch`).
 
     Args:
         dataset: the elements to shuffle (cache it first: every pass reads it).
@@ -230,18 +298,7 @@ def shuffle_each_epoch(dataset, buffer_size, seed=None):
     """
     if seed is None:
         return dataset.shuffle(buffer_size, reshuffle_each_iteration=True), None
-    epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="shuffle_epoch")
-
-    def one_pass(_):
-        this_epoch = epoch.assign_add(1) - 1
-        # tf.data takes a seed computed in the graph only while the graph has
-        # no global seed (`keras.utils.set_random_seed` sets one); `seed` and
-        # the epoch are all the randomness wanted here, so drop it.
-        tf.compat.v1.get_default_graph().seed = None
-        # Distinct seeds for distinct (seed, epoch) pairs up to a million epochs.
-        return dataset.shuffle(buffer_size, seed=seed * 1_000_003 + this_epoch)
-
-    return tf.data.Dataset.from_tensors(0).flat_map(one_pass), epoch
+    return each_epoch(lambda pass_seed: dataset.shuffle(buffer_size, seed=pass_seed), seed)
 
 
 def make_classification_batches(examples, tokenizer, max_length, batch_size, shuffle=False, seed=0, drop_remainder=False):

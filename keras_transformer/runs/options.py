@@ -62,7 +62,8 @@ DEFAULTS = {
             "limit_train": None,  # use only the first N training pairs
             "limit_val": None,
         },
-        "tokenizer": {"vocab_size": 8000, "shared": False, "lower_case": False},
+        # The vocabulary is learned from a seeded sample of at most this many training pairs.
+        "tokenizer": {"vocab_size": 8000, "shared": False, "lower_case": False, "vocab_sample": 1_000_000},
         "model": {"preset": "small"},  # plus any Transformer argument
         "training": {
             "epochs": 10,
@@ -219,7 +220,8 @@ OPTIONS = (
     Option("data", "data_dir", help="the corpus directory (default $KERAS_TRANSFORMER_DATA/NAME or ../shared/data/NAME)"),
     Option("data", "direction", help="Multi30k: de-en or en-de", tasks=_TRANSLATION),
     *(
-        Option("data", f"{split}_{kind}", help=f"dataset files: {split} {what}", tasks=_TRANSLATION)
+        Option("data", f"{split}_{kind}", help=f"dataset files: {split} {what} (plain or .gz; a glob names shards)",
+               tasks=_TRANSLATION)
         for split in ("train", "val")
         for kind, what in (
             ("source", "source text, one sentence a line"),
@@ -235,6 +237,8 @@ OPTIONS = (
     Option("tokenizer", "vocab_size", int, "WordPiece vocabulary size"),
     Option("tokenizer", "shared", bool, "one vocabulary for both languages", flag="--shared-vocab", tasks=_TRANSLATION),
     Option("tokenizer", "lower_case", bool, "lowercase all text", tasks=_TRANSLATION),
+    Option("tokenizer", "vocab_sample", int, "learn the vocabulary from a seeded sample of at most N training "
+           "pairs", metavar="N", tasks=_TRANSLATION),
     # model
     Option("model", "preset", help="the paper's sizes (Table 3), and small", choices=("small", "base", "big"),
            tasks=_TRANSLATION),

@@ -4,6 +4,8 @@
       config.json      the task and everything needed to rebuild data, tokenizers and model
       vocab/           the tokenizers (a folder each: source/ target/, or shared/;
                        a classifier's vocabulary is vocab/ itself)
+      tokens/          a translation corpus tokenized once: train/ and val/, TFRecord shards
+                       of token ids with a manifest (data.token_shards)
       labels.txt       a classifier's class names, one a line, in label-id order
       model.keras      the trained model (the best validation checkpoint)
       checkpoints/     best.weights.h5, updated during training; with --keep-checkpoints N,
@@ -39,6 +41,7 @@ logger = logging.getLogger("keras_transformer")
 
 CONFIG = "config.json"
 VOCAB = "vocab"
+TOKENS = "tokens"
 LABELS = "labels.txt"
 MODEL = "model.keras"
 CHECKPOINTS = "checkpoints"
@@ -52,7 +55,7 @@ HYPOTHESES = "hypotheses.{split}.txt"
 
 # Everything a run writes into its directory, and so everything `overwrite`
 # removes; anything else there is the user's and is never touched.
-RUN_FILES = (CONFIG, VOCAB, LABELS, MODEL, CHECKPOINTS, BACKUP, LOGS, HISTORY, METRICS)
+RUN_FILES = (CONFIG, VOCAB, TOKENS, LABELS, MODEL, CHECKPOINTS, BACKUP, LOGS, HISTORY, METRICS)
 # What `--precision auto` chose when the run started, and why: recorded in
 # the config, and kept when the run resumes (on this machine or another).
 PRECISION_CHOSEN = ("precision_chosen", "precision_reason")
@@ -75,6 +78,10 @@ def path(run_dir, *names):
 def vocab_path(run_dir, name=""):
     """The folder of the tokenizer `name` ("source", "target", "shared"; "" for a task's only one)."""
     return os.path.join(run_dir, VOCAB, name)
+
+
+def tokens_path(run_dir, split):
+    return path(run_dir, TOKENS, split)
 
 
 def log_path(run_dir, name=""):
@@ -498,10 +505,14 @@ def average_checkpoints(run_dir, out_dir, last=None):
     return epochs
 
 
+def has_tokenizer(run_dir, name):
+    return os.path.exists(os.path.join(vocab_path(run_dir, name), text.TOKENIZER_SETTINGS))  # written last
+
+
 def learn_or_load_tokenizer(run_dir, name, texts, vocab_size, lower_case, reserved_tokens=None):
     """The run's tokenizer `name`: loaded when the run has it, else learned from `texts` and saved."""
     folder = vocab_path(run_dir, name)
-    if os.path.exists(os.path.join(folder, text.TOKENIZER_SETTINGS)):  # written last
+    if has_tokenizer(run_dir, name):
         return text.WordPieceTokenizer.load(folder)
     started = time.time()
     tokenizer = text.WordPieceTokenizer.learn(

