@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPOSITORY))
 
 LINES_PER_SHARD = 1_000_000
 TRAIN = ["--preset", "small", "--tokens-per-batch", "4096", "--max-length", "100", "--steps-per-epoch", "1",
-         "--attention-samples", "0", "--bleu-samples", "0", "--precision", "float32"]
+         "--attention-samples", "0", "--bleu-samples", "0", "--precision", "float32", "--no-evaluate"]
 
 
 def build_corpus(directory, num_pairs, seed=0):
@@ -107,7 +107,7 @@ def input_speed(run_dir, batches=300, steps=8):
         shards, source_tokenizer, target_tokenizer, max_length=settings["max_length"],
         tokens_per_batch=settings["tokens_per_batch"], shuffle=True, seed=0,
     )
-    iterator = iter(batches_of.dataset)
+    iterator = iter(batches_of.dataset.repeat())
     next(iterator)  # the shuffle buffer fills first
     started = time.time()
     kept = [next(iterator) for _ in range(batches)]

@@ -76,6 +76,36 @@ def test_two_workers_train_as_one_process_on_the_same_global_batches(tmp_path):
 
 
 @pytest.mark.slow
+def test_each_worker_reads_its_own_shards_and_an_epoch_sees_every_pair_once(tmp_path):
+    script, run = HERE / "multi_worker_shards.py", tmp_path / "run"
+    results = run_workers(
+        [[sys.executable, script, run, tmp_path / f"worker{index}.json"] for index in (0, 1)],
+        cluster_environments(2, tmp_path),
+    )
+    for result in results:
+        assert result.returncode == 0, result.stderr[-3000:]
+    seen = [json.loads((tmp_path / f"worker{index}.json").read_text()) for index in (0, 1)]
+    assert seen[0]["steps"] == seen[1]["steps"] > 0, "every worker takes as many steps"
+    from keras_transformer.data import TokenShards
+
+    directory = run / "tokens" / "train"
+    shards = TokenShards(str(directory), json.loads((directory / "manifest.json").read_text()))
+
+    def pairs_of(shard_indices):
+        # The shards hold [START] ... [END]; a batch's labels have no [START].
+        return sorted((tuple(int(i) for i in source), tuple(int(i) for i in target[1:]))
+                      for source, target in shards.dataset(shard_indices).as_numpy_iterator()
+                      if max(len(source), len(target)) <= 24)
+
+    # Worker w got the pairs of shards w, w + 2, ... and nothing else: together, the corpus once.
+    for index, worker in enumerate(seen):
+        assert sorted(tuple(map(tuple, pair)) for pair in worker["pairs"]) == pairs_of(range(index, shards.num_shards, 2))
+    assert sum(len(worker["pairs"]) for worker in seen) == len(pairs_of(None)) > 250
+    # The chief tokenised into the run directory; the other worker read those shards.
+    assert seen[0]["shards_read_from"] == seen[1]["shards_read_from"] == str(run / "tokens" / "train")
+
+
+@pytest.mark.slow
 def test_a_worker_whose_cluster_never_comes_gives_up_with_one_line(tmp_path):
     environment = cluster_environments(2, tmp_path)[0]
     del environment["TF_CPP_MIN_LOG_LEVEL"]  # as a user runs it: quiet by itself

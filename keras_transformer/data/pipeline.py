@@ -49,8 +49,14 @@ class TranslationBatches:
 # cache (shuffle, slice, pad) needs no tuning: without the autotuner the
 # parallel map keeps tf.data's starting parallelism and the prefetch buffer
 # still grows when the consumer finds it empty.
-_WITHOUT_AUTOTUNER = tf.data.Options()
-_WITHOUT_AUTOTUNER.autotune.enabled = False
+_PIPELINE_OPTIONS = tf.data.Options()
+_PIPELINE_OPTIONS.autotune.enabled = False
+# Under MultiWorkerMirroredStrategy, tf.data would give each worker some of
+# the files a dataset reads (validation's token shards): their batches would
+# differ in number. Every worker reads the same batches and takes its part
+# of each; a worker's own training shards go through
+# `strategy.distribute_datasets_from_function` instead (runs/translation.py).
+_PIPELINE_OPTIONS.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
 
 
 def _length_buckets(max_length):
@@ -75,6 +81,8 @@ def make_translation_batches(
     batch_multiple=1,
     shards=None,
     shuffle_buffer=SHUFFLE_BUFFER,
+    pad_to_batches=None,
+    epoch=None,
 ):
     """Batches for training or evaluation from `(source, target)` string pairs, or from token shards.
 
@@ -98,6 +106,10 @@ def make_translation_batches(
         shards: with `TokenShards`, read only these shards (a worker's share).
         shuffle_buffer: pairs shuffled at a time; token shards are also read
             in an order shuffled each epoch.
+        pad_to_batches: end each epoch with empty batches up to this many
+            (a worker of a cluster, whose shards make fewer batches than another's).
+        epoch: the variable that sets each epoch's order (`each_epoch`), to
+            use one made elsewhere; by default one is made here.
 
     Returns:
         `TranslationBatches`.
@@ -119,15 +131,17 @@ def make_translation_batches(
         lengths = pairs.lengths(shards)
         if not len(lengths):
             raise ValueError("no sentence pairs to batch")
-        tokenized, epoch = _shard_pairs(pairs, shards, shuffle, seed, shuffle_buffer)
+        tokenized, epoch = _shard_pairs(pairs, shards, shuffle, seed, shuffle_buffer, epoch)
     else:
         if not pairs:
             raise ValueError("no sentence pairs to batch")
         tokenized, lengths = _tokenized_in_memory(pairs, source_tokenizer, target_tokenizer)
         # The ids are kept after the first pass; every later epoch reads them.
-        tokenized, epoch = tokenized.cache(), None
+        tokenized = tokenized.cache()
         if shuffle:
-            tokenized, epoch = shuffle_each_epoch(tokenized, min(len(lengths), shuffle_buffer), seed)
+            tokenized, epoch = shuffle_each_epoch(tokenized, min(len(lengths), shuffle_buffer), seed, epoch)
+        else:
+            epoch = None
 
     def too_long(source, target):
         return tf.logical_or(tf.size(source) > max_length, tf.size(target) > max_length)
@@ -166,22 +180,14 @@ def make_translation_batches(
     padded_shapes = (([None], [None]), [None])
     if batch_size is not None:
         dataset = dataset.padded_batch(batch_size, padded_shapes=padded_shapes)
-        groups = [(len(lengths), batch_size)]  # (pairs, rows a batch)
     else:
-        bounds = _length_buckets(max_length)
-        # Bucket i holds pairs shorter than bounds[i]; its longest pair sets
-        # how many rows fit in the budget. The last bucket goes to max_length.
-        longest = [bound - 1 for bound in bounds] + [max_length]
-        rows = [max(1, tokens_per_batch // length) for length in longest]
+        bounds, rows = _buckets(max_length, tokens_per_batch)
         dataset = dataset.bucket_by_sequence_length(
             element_length_func=lambda inputs, labels: tf.maximum(tf.size(inputs[0]), tf.size(labels)),
             bucket_boundaries=bounds,
             bucket_batch_sizes=rows,
             padded_shapes=padded_shapes,
         )
-        # The same lengths (source, target without [START]) put in the same buckets.
-        buckets = np.searchsorted(bounds, np.maximum(lengths[:, 0], lengths[:, 1] - 1), side="right")
-        groups = [(count, rows[bucket]) for bucket, count in zip(*np.unique(buckets, return_counts=True))]
     if batch_multiple > 1:
 
         def trim(inputs, labels):
@@ -189,13 +195,51 @@ def make_translation_batches(
             return (inputs[0][:rows], inputs[1][:rows]), labels[:rows]
 
         dataset = dataset.map(trim).filter(lambda inputs, labels: tf.shape(labels)[0] > 0)
+    num_batches = _count_kept_batches(lengths, max_length, tokens_per_batch, batch_size, batch_multiple)
+    if pad_to_batches is not None and pad_to_batches > num_batches:
+        # Batches of no pairs: this worker takes part in steps that the
+        # others still have data for (the loss divides by the global count
+        # of tokens, so an empty share changes nothing).
+        empty = tf.zeros([0, 1], tf.int32)
+        dataset = dataset.concatenate(
+            tf.data.Dataset.from_tensors(((empty, empty), empty)).repeat(pad_to_batches - num_batches)
+        )
+        num_batches = pad_to_batches
+    dataset = dataset.apply(tf.data.experimental.assert_cardinality(num_batches))
+    dataset = dataset.prefetch(tf.data.AUTOTUNE).with_options(_PIPELINE_OPTIONS)
+    return TranslationBatches(dataset=dataset, epoch=epoch, num_batches=num_batches, **counts)
+
+
+def _buckets(max_length, tokens_per_batch):
+    """`(bounds, rows)`: bucket i holds pairs shorter than bounds[i] (the last, up to max_length), rows[i] a batch."""
+    bounds = _length_buckets(max_length)
+    # A bucket's longest pair sets how many rows fit in the budget.
+    longest = [bound - 1 for bound in bounds] + [max_length]
+    return bounds, [max(1, tokens_per_batch // length) for length in longest]
+
+
+def count_batches(lengths, max_length, tokens_per_batch=None, batch_size=None, long_pairs="drop", batch_multiple=1):
+    """The number of batches `make_translation_batches` makes of pairs of these `(pairs, 2)` lengths."""
+    lengths = np.asarray(lengths).reshape(-1, 2)
+    if long_pairs == "drop":
+        lengths = lengths[~(lengths > max_length).any(axis=1)]
+    else:
+        lengths = np.minimum(lengths, max_length)
+    return _count_kept_batches(lengths, max_length, tokens_per_batch, batch_size, batch_multiple)
+
+
+def _count_kept_batches(lengths, max_length, tokens_per_batch, batch_size, batch_multiple):
     # Batching by length makes an epoch's number of batches unknown to
     # tf.data, though it does not depend on the order: every bucket fills
     # its batches and hands over what is left at the end of the epoch.
-    num_batches = sum(_batches_of(count, size, batch_multiple) for count, size in groups)
-    dataset = dataset.apply(tf.data.experimental.assert_cardinality(num_batches))
-    dataset = dataset.prefetch(tf.data.AUTOTUNE).with_options(_WITHOUT_AUTOTUNER)
-    return TranslationBatches(dataset=dataset, epoch=epoch, num_batches=num_batches, **counts)
+    if batch_size is not None:
+        groups = [(len(lengths), batch_size)]  # (pairs, rows a batch)
+    else:
+        bounds, rows = _buckets(max_length, tokens_per_batch)
+        # The same lengths (source, target without [START]) put in the same buckets.
+        buckets = np.searchsorted(bounds, np.maximum(lengths[:, 0], lengths[:, 1] - 1), side="right")
+        groups = [(count, rows[bucket]) for bucket, count in zip(*np.unique(buckets, return_counts=True))]
+    return sum(_batches_of(count, size, batch_multiple) for count, size in groups)
 
 
 def _tokenized_in_memory(pairs, source_tokenizer, target_tokenizer):
@@ -216,7 +260,7 @@ def _tokenized_in_memory(pairs, source_tokenizer, target_tokenizer):
     return tokenized, np.concatenate(list(sizes.batch(1 << 16).as_numpy_iterator()))
 
 
-def _shard_pairs(shards, chosen, shuffle, seed, shuffle_buffer):
+def _shard_pairs(shards, chosen, shuffle, seed, shuffle_buffer, epoch=None):
     """`(dataset of (source ids, target ids), epoch variable)` read from token shards.
 
     Shuffled, each epoch reads the files in another order and shuffles the
@@ -231,7 +275,7 @@ def _shard_pairs(shards, chosen, shuffle, seed, shuffle_buffer):
         file_order = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), seed=pass_seed)
         return shards.dataset(chosen, file_order=file_order).shuffle(shuffle_buffer, seed=pass_seed)
 
-    return each_epoch(one_pass, seed)
+    return each_epoch(one_pass, seed, epoch)
 
 
 def _batches_of(count, rows, batch_multiple=1, drop_remainder=False):
@@ -245,7 +289,7 @@ def _batches_of(count, rows, batch_multiple=1, drop_remainder=False):
     return full_kept + (1 if remainder >= max(batch_multiple, 1) and not drop_remainder else 0)
 
 
-def each_epoch(make_pass, seed=None):
+def each_epoch(make_pass, seed=None, epoch=None):
     """A dataset whose every pass is `make_pass(pass_seed)`, with a seed set by `seed` and the pass's epoch number.
 
     `Dataset.shuffle(seed=s, reshuffle_each_iteration=True)` also gives a
@@ -260,6 +304,7 @@ def each_epoch(make_pass, seed=None):
     Args:
         make_pass: `pass_seed (int64 tensor) -> tf.data.Dataset`.
         seed: an integer; None makes every pass with a random seed.
+        epoch: an int64 variable to count the epochs in; by default a new one.
 
     Returns:
         `(dataset, epoch variable)`; the variable is None without a seed.
@@ -267,7 +312,8 @@ def each_epoch(make_pass, seed=None):
     if seed is None:
         random_seed = lambda _: make_pass(tf.random.uniform([], maxval=2**62, dtype=tf.int64))  # noqa: E731
         return tf.data.Dataset.from_tensors(0).flat_map(random_seed), None
-    epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="shuffle_epoch")
+    if epoch is None:
+        epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="shuffle_epoch")
 
     def one_pass(_):
         this_epoch = epoch.assign_add(1) - 1
@@ -281,7 +327,7 @@ def each_epoch(make_pass, seed=None):
     return tf.data.Dataset.from_tensors(0).flat_map(one_pass), epoch
 
 
-def shuffle_each_epoch(dataset, buffer_size, seed=None):
+def shuffle_each_epoch(dataset, buffer_size, seed=None, epoch=None):
     """`dataset` shuffled anew on every pass, in an order set by `seed` and the pass's epoch number (`each_epoch`).
 
     Args:
@@ -298,7 +344,7 @@ def shuffle_each_epoch(dataset, buffer_size, seed=None):
     """
     if seed is None:
         return dataset.shuffle(buffer_size, reshuffle_each_iteration=True), None
-    return each_epoch(lambda pass_seed: dataset.shuffle(buffer_size, seed=pass_seed), seed)
+    return each_epoch(lambda pass_seed: dataset.shuffle(buffer_size, seed=pass_seed), seed, epoch)
 
 
 def make_classification_batches(examples, tokenizer, max_length, batch_size, shuffle=False, seed=0, drop_remainder=False):

@@ -7,14 +7,17 @@ size arrives as text files, often gzipped and split into shards:
     ParallelText.from_files(tsv="pairs-*.tsv")
 
 Source file i is aligned with target file i (the globs are sorted), line by
-line. `pairs()` reads them as a `tf.data.Dataset` of `(source, target,
-problem)` strings, where `problem` says what is wrong with a line that cannot
-be a training pair (an empty side, bytes that are not UTF-8, a TSV line without
-exactly one tab): such lines are skipped and counted, never fatal. Files whose
-line counts differ are not aligned at all, and refused (`check_aligned`).
+line. `line_batches()` reads them as a `tf.data.Dataset` of batches of
+`(line numbers, sources, targets, problems)`, where a problem says what is
+wrong with a line that cannot be a training pair (an empty side, bytes that
+are not UTF-8, a TSV line without exactly one tab): such lines are skipped and
+counted, never fatal. Files whose line counts differ are not aligned at all,
+and refused (`check_aligned`). Everything here works on whole batches of
+lines: per-line tf.data steps would cost minutes at millions of lines.
 
-`sample(...)` picks a seeded sample of pairs for learning a vocabulary, in one
-streaming pass.
+A `Split` is one split of a corpus (with lines lent to validation when there
+are no validation files); `sample(...)` picks a seeded sample of its pairs for
+learning a vocabulary, in one streaming pass.
 """
 
 import dataclasses
@@ -30,6 +33,7 @@ from keras_transformer.data.corpora import CorpusError
 # What can be wrong with a line; `PROBLEMS[code]` reads in a report.
 OK, EMPTY_SIDE, NOT_UTF8, NOT_TWO_FIELDS = 0, 1, 2, 3
 PROBLEMS = {EMPTY_SIDE: "with an empty side", NOT_UTF8: "not UTF-8", NOT_TWO_FIELDS: "not source<TAB>target"}
+BATCH_LINES = 4096  # lines read and checked at a time
 
 
 def expand(pattern):
@@ -60,7 +64,7 @@ def count_lines(path):
 class ParallelText:
     """A parallel corpus on disk: aligned source and target files, or TSV files.
 
-    Build it with `from_files`; `pairs()` reads it.
+    Build it with `from_files`; `line_batches()` reads it.
     """
 
     source_files: tuple = ()
@@ -104,36 +108,35 @@ class ParallelText:
             total += source_lines
         return total
 
-    def pairs(self):
-        """`(source, target, problem)` for every line, in file order; `problem` is OK or a code of `PROBLEMS`."""
+    def line_batches(self):
+        """Batches of `(line numbers, sources, targets, problems)` in file order; a problem is OK or a `PROBLEMS` code."""
         if self.tsv_files:
-            lines = _lines(self.tsv_files)
-            return lines.batch(4096).map(_split_tsv, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
+            return _numbered(_lines(self.tsv_files).batch(BATCH_LINES).map(_split_tsv, num_parallel_calls=tf.data.AUTOTUNE))
         # File i of the source with file i of the target, one file pair after another.
         pairs = None
         for source, target in zip(self.source_files, self.target_files):
             both = tf.data.Dataset.zip(_lines([source]), _lines([target]))
             pairs = both if pairs is None else pairs.concatenate(both)
-        return pairs.batch(4096).map(_check_pairs, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
+        return _numbered(pairs.batch(BATCH_LINES).map(_check_pairs, num_parallel_calls=tf.data.AUTOTUNE))
 
 
 @dataclasses.dataclass(frozen=True)
 class PairsInMemory:
     """A small corpus already in memory (the demo's), read like a `ParallelText`."""
 
-    pairs_list: tuple
+    pairs: tuple  # of (source, target)
 
     def identity(self):
-        digest = hashlib.sha256("\n".join(f"{source}\t{target}" for source, target in self.pairs_list).encode())
-        return {"pairs": len(self.pairs_list), "sha256": digest.hexdigest()}
+        digest = hashlib.sha256("\n".join(f"{source}\t{target}" for source, target in self.pairs).encode())
+        return {"pairs": len(self.pairs), "sha256": digest.hexdigest()}
 
     def check_aligned(self):
-        return len(self.pairs_list)
+        return len(self.pairs)
 
-    def pairs(self):
-        sources = tf.constant([source for source, _ in self.pairs_list], tf.string)
-        targets = tf.constant([target for _, target in self.pairs_list], tf.string)
-        return tf.data.Dataset.from_tensor_slices((sources, targets)).batch(4096).map(_check_pairs).unbatch()
+    def line_batches(self):
+        sources = tf.constant([source for source, _ in self.pairs], tf.string)
+        targets = tf.constant([target for _, target in self.pairs], tf.string)
+        return _numbered(tf.data.Dataset.from_tensor_slices((sources, targets)).batch(BATCH_LINES).map(_check_pairs))
 
 
 # A corpus without validation files lends one line in 50 of its first 50,000
@@ -149,7 +152,7 @@ class Split:
         corpus: a `ParallelText` or `PairsInMemory`.
         held_back: "val" (only the lines lent to validation) or "train" (all
             others) for a corpus that has no validation files; None: every line.
-        limit: read at most this many lines.
+        limit: read only the corpus's first `limit` lines (before any are lent).
     """
 
     corpus: object
@@ -159,32 +162,57 @@ class Split:
     def identity(self):
         return {"corpus": self.corpus.identity(), "held_back": self.held_back, "limit": self.limit}
 
-    def _lent(self, line_number):
-        return (line_number % HOLD_BACK_EVERY == 0) & (line_number < HOLD_BACK_FROM)
+    def line_batches(self):
+        """Batches of `(line numbers, sources, targets, problems)` of the split's lines (see `ParallelText`)."""
+        batches = self.corpus.line_batches()
+        if not (self.held_back or self.limit):
+            return batches
+        wanted = self.held_back == "val"
 
-    def pairs(self):
-        """`(source, target, problem)` of the split's lines (see `ParallelText.pairs`)."""
-        pairs = self.corpus.pairs()
-        if self.held_back:
-            wanted = self.held_back == "val"
-            pairs = pairs.enumerate().filter(lambda number, _: self._lent(number) == wanted).map(lambda _, pair: pair)
-        return pairs.take(self.limit) if self.limit else pairs
+        def select(numbers, *columns):
+            keep = tf.ones_like(numbers, tf.bool)
+            if self.limit:
+                keep &= numbers < self.limit
+            if self.held_back:
+                lent = (numbers % HOLD_BACK_EVERY == 0) & (numbers < HOLD_BACK_FROM)
+                keep &= lent == wanted
+            return tuple(tf.boolean_mask(column, keep) for column in (numbers, *columns))
+
+        if self.limit:
+            batches = batches.take(-(-self.limit // BATCH_LINES))
+        return batches.map(select)
 
     def count(self):
         """Lines in the split, good or not (CorpusError for misaligned files)."""
         lines = self.corpus.check_aligned()
+        lines = min(lines, self.limit) if self.limit else lines
         if self.held_back:
             lent = len(range(0, min(lines, HOLD_BACK_FROM), HOLD_BACK_EVERY))
             lines = lent if self.held_back == "val" else lines - lent
-        return min(lines, self.limit) if self.limit else lines
+        return lines
 
     def good_pairs_list(self, limit=None):
         """The split's good pairs (the first `limit`) as a list: for validation-sized splits."""
         if limit is None:
             self.count()  # refuses misaligned files
-        pairs = good_pairs(self.pairs())
-        pairs = pairs.take(limit) if limit else pairs
-        return [(source.decode("utf-8"), target.decode("utf-8")) for source, target in pairs.as_numpy_iterator()]
+        return pairs_list(good_pairs(self.line_batches()), limit)
+
+
+def pairs_list(pair_batches, limit=None):
+    """`[(source, target), ...]` of batches of `(sources, targets)` strings, at most `limit` of them."""
+    pairs = []
+    for sources, targets in pair_batches.as_numpy_iterator():
+        pairs += [(source.decode("utf-8"), target.decode("utf-8")) for source, target in zip(sources, targets)]
+        if limit is not None and len(pairs) >= limit:
+            return pairs[:limit]
+    return pairs
+
+
+def _numbered(batches):
+    """Batches with their lines' numbers in front (every batch but the last is full)."""
+    return batches.enumerate().map(
+        lambda index, batch: (index * BATCH_LINES + tf.range(tf.size(batch[0]), dtype=tf.int64), *batch)
+    )
 
 
 def _lines(files):
@@ -220,26 +248,37 @@ def _split_tsv(lines):
     return sources, targets, tf.where(two | (problem == NOT_UTF8), problem, NOT_TWO_FIELDS)
 
 
-def good_pairs(pairs):
-    """`(source, target)` of the pairs without a problem."""
-    return pairs.filter(lambda source, target, problem: problem == OK).map(lambda source, target, _: (source, target))
+def good_pairs(line_batches):
+    """Batches of `(sources, targets)`: the lines without a problem."""
+
+    def keep_good(numbers, sources, targets, problems):
+        good = problems == OK
+        return tf.boolean_mask(sources, good), tf.boolean_mask(targets, good)
+
+    return line_batches.map(keep_good)
 
 
-def sample(pairs, num_lines, sample_size, seed):
-    """At most `sample_size` good `(source, target)` pairs of `num_lines`, chosen by `seed`, in one pass.
+def sample(line_batches, num_lines, sample_size, seed):
+    """Batches of `(sources, targets)`: at most `sample_size` good pairs of `num_lines`, chosen by `seed`, in one pass.
 
     Each line is kept with probability `sample_size / num_lines`, decided by
     a hash of the seed and its line number: the same seed picks the same
     lines, wherever they are read. Nothing but the sample is held.
     """
     if sample_size >= num_lines:
-        return good_pairs(pairs)
+        return good_pairs(line_batches)
     buckets = 1 << 30
     keep_below = int(buckets * sample_size / num_lines)
 
-    def chosen(line_number, pair):
-        key = tf.strings.join([tf.strings.as_string(seed), tf.strings.as_string(line_number)], ":")
-        return tf.strings.to_hash_bucket_fast(key, buckets) < keep_below
+    def choose(numbers, sources, targets, problems):
+        keys = tf.strings.join([tf.strings.as_string(seed), tf.strings.as_string(numbers)], ":")
+        chosen = tf.strings.to_hash_bucket_fast(keys, buckets) < keep_below
+        return tuple(tf.boolean_mask(column, chosen) for column in (numbers, sources, targets, problems))
 
-    chosen_pairs = pairs.enumerate().filter(chosen).map(lambda _, pair: pair)
-    return good_pairs(chosen_pairs).take(sample_size)
+    def at_most(kept_so_far, batch):
+        sources, targets = batch
+        room = tf.maximum(tf.cast(sample_size, tf.int64) - kept_so_far, 0)
+        taken = tf.minimum(room, tf.size(sources, out_type=tf.int64))
+        return kept_so_far + taken, (sources[:taken], targets[:taken])
+
+    return good_pairs(line_batches.map(choose)).scan(tf.constant(0, tf.int64), at_most)

@@ -99,7 +99,6 @@ class TokenShards:
             lambda name: tf.data.TFRecordDataset(name, buffer_size=1 << 20),
             cycle_length=min(4, max(1, len(files))),
             block_length=64,
-            deterministic=True,
         )
         return records.map(_parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
@@ -134,13 +133,13 @@ def open_token_shards(directory, identity):
     return TokenShards(directory, manifest), None
 
 
-def tokenize_once(directory, pairs, source_tokenizer, target_tokenizer, identity, num_shards=NUM_SHARDS):
+def tokenize_once(directory, line_batches, source_tokenizer, target_tokenizer, identity, num_shards=NUM_SHARDS):
     """The shards of `pairs` in `directory`: opened when intact, else written (again).
 
     Args:
         directory: where the shards live (inside a run directory).
-        pairs: a dataset of `(source, target, problem)` strings, as
-            `streaming.ParallelText.pairs()` gives: pairs with a problem
+        line_batches: batches of `(line numbers, sources, targets, problems)`,
+            as `streaming.Split.line_batches()` gives: lines with a problem
             are skipped and counted.
         source_tokenizer, target_tokenizer: `WordPieceTokenizer`s.
         identity: anything JSON can hold that says what is tokenised (the
@@ -165,7 +164,7 @@ def tokenize_once(directory, pairs, source_tokenizer, target_tokenizer, identity
     problem_counts = np.zeros(len(streaming.PROBLEMS) + 1, np.int64)
     written = 0
     try:
-        for flat_ids, row_starts, pair_lengths, problems in _tokenized(pairs, source_tokenizer, target_tokenizer):
+        for flat_ids, row_starts, pair_lengths, problems in _tokenized(line_batches, source_tokenizer, target_tokenizer):
             problem_counts += problems
             buffer = flat_ids.astype("<i4").tobytes()
             offsets = row_starts * 4
@@ -198,10 +197,10 @@ def tokenize_once(directory, pairs, source_tokenizer, target_tokenizer, identity
     return TokenShards(directory, json.loads(json.dumps(manifest)))
 
 
-def _tokenized(pairs, source_tokenizer, target_tokenizer):
+def _tokenized(line_batches, source_tokenizer, target_tokenizer):
     """Batches of `(flat ids, row starts, (rows, 2) lengths, problem counts)`, tokenised in parallel."""
 
-    def tokenize(sources, targets, problems):
+    def tokenize(numbers, sources, targets, problems):
         good = problems == streaming.OK
         source_ids = source_tokenizer.tokenize(tf.boolean_mask(sources, good))
         target_ids = target_tokenizer.tokenize(tf.boolean_mask(targets, good))
@@ -211,6 +210,6 @@ def _tokenized(pairs, source_tokenizer, target_tokenizer):
         counts = tf.math.bincount(problems, minlength=len(streaming.PROBLEMS) + 1, dtype=tf.int64)
         return rows.flat_values, rows.row_splits, pair_lengths, counts
 
-    batches = pairs.batch(2048).map(tokenize, num_parallel_calls=tf.data.AUTOTUNE).prefetch(4)
+    batches = line_batches.map(tokenize, num_parallel_calls=tf.data.AUTOTUNE).prefetch(4)
     for flat_ids, row_starts, pair_lengths, counts in batches.as_numpy_iterator():
         yield flat_ids, row_starts, pair_lengths, counts[: len(streaming.PROBLEMS) + 1]

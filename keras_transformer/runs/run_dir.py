@@ -213,8 +213,8 @@ def written_by_this_process(run_dir):
 
     One writer per run directory: on a cluster (`TF_CONFIG`) only the chief
     writes `run_dir`. Every other worker trains on a private copy of it
-    (taken at the start, without the TensorBoard logs: the same config,
-    vocabularies and backup, so it resumes where the chief does), which is
+    (taken at the start, without the TensorBoard logs and the token shards:
+    the same config, vocabularies and backup, so it resumes where the chief does), which is
     removed when training ends. TensorFlow's convention for multi-worker
     checkpoints is the same.
     """
@@ -224,7 +224,9 @@ def written_by_this_process(run_dir):
     private = tempfile.mkdtemp(prefix="keras-transformer-worker-")
     try:
         if os.path.isdir(run_dir):
-            shutil.copytree(run_dir, private, dirs_exist_ok=True, ignore=shutil.ignore_patterns(LOGS))
+            # Without the logs, nor the token shards (gigabytes for a large
+            # corpus), which a worker reads where they are.
+            shutil.copytree(run_dir, private, dirs_exist_ok=True, ignore=shutil.ignore_patterns(LOGS, TOKENS))
         yield private
     finally:
         shutil.rmtree(private, ignore_errors=True)
@@ -339,6 +341,14 @@ def training_callbacks(run_dir, settings, state, epoch_variables=(), averaged_we
     )
 
 
+def _skipped(train_dataset, batches):
+    """The training data without its first `batches`: `train_dataset` is a dataset, or a function that makes it
+    from that number (a cluster's distributed dataset, which has no `skip`)."""
+    if callable(train_dataset):
+        return train_dataset(batches)
+    return train_dataset.skip(batches) if batches else train_dataset
+
+
 def fit(model, run_dir, state, train_dataset, fit_arguments, callbacks):
     """`model.fit` for a run in `state`, then finish: the best checkpoint becomes `model.keras`.
 
@@ -362,12 +372,12 @@ def fit(model, run_dir, state, train_dataset, fit_arguments, callbacks):
             if rest.get("steps_per_epoch"):
                 rest["steps_per_epoch"] = max(1, rest["steps_per_epoch"] - state.batches_done)
             stop_after_it = _StopAfterOneEpoch()
-            history = _fit(model, train_dataset.skip(state.batches_done), rest, callbacks + [stop_after_it])
+            history = _fit(model, _skipped(train_dataset, state.batches_done), rest, callbacks + [stop_after_it])
             go_on = not stop_after_it.stopped_by_others and history["epoch"][-1] + 1 < fit_arguments["epochs"]
         else:
             go_on = True
         if go_on:
-            for name, values in _fit(model, train_dataset, fit_arguments, callbacks).items():
+            for name, values in _fit(model, _skipped(train_dataset, 0), fit_arguments, callbacks).items():
                 history[name] = history.get(name, []) + values
     finally:
         # `fit` skips its callbacks' `on_train_end` when it fails: give SIGTERM back.

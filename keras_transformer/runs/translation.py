@@ -15,6 +15,7 @@ import logging
 import time
 
 from keras_transformer import data, evaluation, inference, models, saving, training
+from keras_transformer.models.multi_worker import spans_workers
 from keras_transformer.runs import run_dir as runs
 from keras_transformer.runs.options import DEFAULTS, TRANSLATION, TRANSLATION_DATASETS
 
@@ -80,11 +81,9 @@ def tokenizers(run_dir, tokenizer_config, train_split=None, seed=0):
     sources = targets = ()
     if train_split is not None and not all(runs.has_tokenizer(run_dir, name) for name in names):
         started, lines = time.time(), train_split.count()
-        sample = data.streaming.sample(train_split.pairs(), lines, tokenizer_config["vocab_sample"], seed)
-        sources, targets = [], []
-        for source, target in sample.as_numpy_iterator():
-            sources.append(source.decode("utf-8"))
-            targets.append(target.decode("utf-8"))
+        sample = data.streaming.sample(train_split.line_batches(), lines, tokenizer_config["vocab_sample"], seed)
+        sample = data.streaming.pairs_list(sample)
+        sources, targets = [source for source, _ in sample], [target for _, target in sample]
         logger.info("vocabulary sample: %d of %d pairs (%.0fs)", len(sources), lines, time.time() - started)
         runs.update_metrics(run_dir, {"vocabulary_sample": {"pairs": len(sources), "of_lines": lines, "seed": seed}})
     if tokenizer_config["shared"]:
@@ -96,18 +95,29 @@ def tokenizers(run_dir, tokenizer_config, train_split=None, seed=0):
     )
 
 
-def token_shards(run_dir, split_name, split, source_tokenizer, target_tokenizer):
-    """The split tokenised once into shards in the run directory (`data.token_shards`)."""
+def token_shards(run_dir, split_name, split, source_tokenizer, target_tokenizer, chief_run_dir=None):
+    """The split tokenised once into shards in the run directory (`data.token_shards`).
+
+    A cluster's other workers train in a private copy of the run directory
+    (`run_dir.written_by_this_process`), made without the shards: they read
+    the chief's (`chief_run_dir`) when those are there and intact, and
+    tokenise into their copy otherwise (the same shards: tokenising is
+    deterministic).
+    """
     identity = {
         "split": split.identity(),
         "source_vocabulary": source_tokenizer.fingerprint(),
         "target_vocabulary": target_tokenizer.fingerprint(),
     }
+    if chief_run_dir and chief_run_dir != run_dir:
+        shards, _ = data.open_token_shards(runs.tokens_path(chief_run_dir, split_name), identity)
+        if shards is not None:
+            return shards
     directory = runs.tokens_path(run_dir, split_name)
     shards, _ = data.open_token_shards(directory, identity)
     if shards is None:
         split.count()  # refuses misaligned files before any work
-        shards = data.tokenize_once(directory, split.pairs(), source_tokenizer, target_tokenizer, identity)
+        shards = data.tokenize_once(directory, split.line_batches(), source_tokenizer, target_tokenizer, identity)
     return shards
 
 
@@ -157,10 +167,10 @@ def train(config, run_dir, verbose=1, overwrite=False):
     """
     # On a cluster, only the chief writes `run_dir` (see `run_dir.written_by_this_process`).
     with runs.written_by_this_process(run_dir) as writable_run_dir:
-        return _train(config, writable_run_dir, verbose, overwrite)
+        return _train(config, writable_run_dir, verbose, overwrite, chief_run_dir=run_dir)
 
 
-def _train(config, run_dir, verbose, overwrite):
+def _train(config, run_dir, verbose, overwrite, chief_run_dir):
     config, strategy, state = runs.start(run_dir, config, DEFAULTS[TRANSLATION], overwrite=overwrite)
     settings = config["training"]
     if state.finished:
@@ -170,7 +180,8 @@ def _train(config, run_dir, verbose, overwrite):
     splits = corpus_splits(config["data"], ("train", "val"))
     source_tokenizer, target_tokenizer = tokenizers(run_dir, config["tokenizer"], splits["train"], settings["seed"])
     shards = {
-        name: token_shards(run_dir, name, split, source_tokenizer, target_tokenizer) for name, split in splits.items()
+        name: token_shards(run_dir, name, split, source_tokenizer, target_tokenizer, chief_run_dir)
+        for name, split in splits.items()
     }
     batching = dict(
         max_length=settings["max_length"],
@@ -179,9 +190,15 @@ def _train(config, run_dir, verbose, overwrite):
         long_pairs=settings["long_pairs"],
         batch_multiple=replicas,
     )
-    train_batches = data.make_translation_batches(
-        shards["train"], source_tokenizer, target_tokenizer, shuffle=True, seed=settings["seed"], **batching
-    )
+    if spans_workers(strategy):
+        train_dataset, train_batches = _worker_batches(
+            strategy, shards["train"], source_tokenizer, target_tokenizer, settings, batching
+        )
+    else:
+        train_batches = data.make_translation_batches(
+            shards["train"], source_tokenizer, target_tokenizer, shuffle=True, seed=settings["seed"], **batching
+        )
+        train_dataset = train_batches.dataset.repeat() if settings["steps_per_epoch"] else train_batches.dataset
     val_batches = data.make_translation_batches(
         shards["val"], source_tokenizer, target_tokenizer, shuffle=False, **batching
     )
@@ -199,9 +216,6 @@ def _train(config, run_dir, verbose, overwrite):
     if state.epochs_done:
         logger.info("%s: %d epoch(s) done, training on to %d", run_dir, state.epochs_done, settings["epochs"])
 
-    train_dataset = train_batches.dataset
-    if settings["steps_per_epoch"]:
-        train_dataset = train_dataset.repeat()
     callbacks = runs.training_callbacks(
         run_dir, settings, state, epoch_variables=[train_batches.epoch],
         averaged_weights=settings["ema_momentum"] is not None,
@@ -224,6 +238,56 @@ def _train(config, run_dir, verbose, overwrite):
     )
     runs.update_metrics(run_dir, {"training": metrics})
     return metrics
+
+
+def _worker_batches(strategy, shards, source_tokenizer, target_tokenizer, settings, batching):
+    """`(batches, this worker's TranslationBatches)`: on a cluster, each worker batches its own shards.
+
+    `batches(skip_steps)` is the distributed dataset with its first steps
+    skipped (`run_dir.fit` resumes a run stopped mid-epoch with it).
+
+    Worker w of W reads shards w, w + W, ...: no worker reads what another
+    trains on. A batch is a replica's share of the global token budget (or
+    batch size), so a step still trains on `tokens_per_batch` tokens in all.
+    Every worker must take as many steps as the others: one whose shards
+    make fewer batches ends its epoch with empty ones (see
+    `make_translation_batches`' `pad_to_batches`).
+    """
+    import tensorflow as tf
+
+    replicas = strategy.num_replicas_in_sync
+    share = dict(batching, batch_multiple=1)
+    if share["tokens_per_batch"]:
+        share["tokens_per_batch"] = share["tokens_per_batch"] // replicas
+    else:
+        share["batch_size"] = max(1, share["batch_size"] // replicas)
+    counting = {key: share[key] for key in ("max_length", "tokens_per_batch", "batch_size", "long_pairs")}
+    # One variable outside the strategy sets every epoch's order (an exact resume).
+    epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="shuffle_epoch")
+    made = []
+
+    def this_worker(context, skip_steps):
+        workers, worker = context.num_input_pipelines, context.input_pipeline_id
+        local_replicas = replicas // workers
+        most = max(
+            data.count_batches(shards.lengths(range(other, shards.num_shards, workers)), **counting)
+            for other in range(workers)
+        )
+        batches = data.make_translation_batches(
+            shards, source_tokenizer, target_tokenizer, shuffle=True, seed=settings["seed"],
+            shards=range(worker, shards.num_shards, workers), epoch=epoch,
+            pad_to_batches=-(-most // local_replicas) * local_replicas, **share,
+        )
+        made.append(batches)
+        dataset = batches.dataset.repeat() if settings["steps_per_epoch"] else batches.dataset
+        # A step takes one batch per local replica.
+        return dataset.skip(skip_steps * local_replicas) if skip_steps else dataset
+
+    def distributed(skip_steps=0):
+        return strategy.distribute_datasets_from_function(lambda context: this_worker(context, skip_steps))
+
+    whole_epochs = distributed()
+    return (lambda skip_steps: distributed(skip_steps) if skip_steps else whole_epochs), made[0]
 
 
 def _sample_callbacks(run_dir, settings, val_pairs, source_tokenizer, target_tokenizer):
