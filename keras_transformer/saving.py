@@ -15,6 +15,7 @@ file beside the old one and rename it into place, so a kill mid-write never
 leaves half a file behind.
 """
 
+import hashlib
 import io
 import json
 import os
@@ -50,6 +51,15 @@ def write_json(path, content):
             json.dump(content, file, indent=2, ensure_ascii=False)
 
     replace_whole(path, write)
+
+
+def file_sha256(path):
+    """The SHA-256 of a file's bytes, as hex."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def save_model(model, path):

@@ -79,6 +79,21 @@ def test_misaligned_or_missing_files_are_refused_in_one_line(tmp_path):
         data.ParallelText.from_files(source=tmp_path / "*.en", target=tmp_path / "a.de")
 
 
+def test_lines_lent_to_validation_and_limits_count_the_splits_own_lines():
+    corpus = data.PairsInMemory(tuple((f"s{number}", f"t{number}") for number in range(120)))
+
+    def numbers(split):
+        lines = [int(number) for batch in split.line_batches().as_numpy_iterator() for number in batch[0]]
+        assert len(lines) == split.count()
+        return lines
+
+    assert numbers(data.Split(corpus, held_back="val")) == [0, 50, 100]
+    assert numbers(data.Split(corpus, held_back="val", limit=2)) == [0, 50]
+    assert numbers(data.Split(corpus, held_back="train", limit=50)) == [*range(1, 50), 51]
+    assert len(numbers(data.Split(corpus, held_back="train"))) == 117
+    assert numbers(data.Split(corpus, limit=3)) == [0, 1, 2]
+
+
 def test_the_vocabulary_sample_is_seeded_bounded_and_skips_bad_lines(sharded_corpus):
     lines = sharded_corpus.check_aligned()
 
@@ -121,8 +136,15 @@ def test_tokenized_once_the_shards_hold_every_good_pair_and_are_reused(sharded_c
     assert read_back == expected
     lengths = shards.lengths()
     assert sorted(map(tuple, lengths)) == sorted((len(s), len(t)) for s, t in expected)
-    # The shards share the pairs out evenly.
-    assert [shard["pairs"] for shard in shards.manifest["shards"]] == [6, 6, 6, 6]
+    # The shards hold the corpus shuffled, as the same shards every time.
+    assert sum(shard["pairs"] for shard in shards.manifest["shards"]) == len(SOURCES)
+    in_corpus_order = [(tuple(s), tuple(t)) for s, t in zip(source_tokenizer.tokenize(SOURCES).to_list(),
+                                                            target_tokenizer.tokenize(TARGETS).to_list())]
+    in_shard_order = [(tuple(s), tuple(t)) for s, t in shards.dataset().as_numpy_iterator()]
+    assert in_shard_order != in_corpus_order
+    again_elsewhere = data.tokenize_once(str(tmp_path / "again"), sharded_corpus.line_batches(), *tokenizers, identity,
+                                         num_shards=4)
+    assert [(tuple(s), tuple(t)) for s, t in again_elsewhere.dataset().as_numpy_iterator()] == in_shard_order
 
     written = os.path.getmtime(os.path.join(directory, token_shards.MANIFEST))
     with caplog.at_level(logging.INFO, logger="keras_transformer"):

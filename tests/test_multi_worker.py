@@ -101,8 +101,16 @@ def test_each_worker_reads_its_own_shards_and_an_epoch_sees_every_pair_once(tmp_
     for index, worker in enumerate(seen):
         assert sorted(tuple(map(tuple, pair)) for pair in worker["pairs"]) == pairs_of(range(index, shards.num_shards, 2))
     assert sum(len(worker["pairs"]) for worker in seen) == len(pairs_of(None)) > 250
-    # The chief tokenised into the run directory; the other worker read those shards.
-    assert seen[0]["shards_read_from"] == seen[1]["shards_read_from"] == str(run / "tokens" / "train")
+    # The chief tokenised into the run directory; on the next start every worker reads those shards
+    # (on the first, the other worker may have tokenised into its private copy before they were there).
+    again = run_workers(
+        [[sys.executable, script, run, tmp_path / f"again{index}.json"] for index in (0, 1)],
+        cluster_environments(2, tmp_path / "again"),
+    )
+    for result in again:
+        assert result.returncode == 0, result.stderr[-3000:]
+    for index in (0, 1):
+        assert json.loads((tmp_path / f"again{index}.json").read_text())["shards_read_from"] == str(directory)
 
 
 @pytest.mark.slow

@@ -6,10 +6,11 @@ file, files of different lengths, an empty line, bytes that are not UTF-8.
 """
 
 import gzip
-import hashlib
 import os
 import shutil
 from pathlib import Path
+
+from keras_transformer.saving import file_sha256
 
 # The data that ships beside this repository (see ../shared/data/README.md).
 _SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -74,14 +75,6 @@ def read_tsv(path):
     return pairs
 
 
-def _sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _download_multi30k_file(name, directory):
     """Fetch `name` (e.g. "train.de") into `directory`, via Keras' download cache."""
     import keras  # only needed for downloading
@@ -94,7 +87,7 @@ def _download_multi30k_file(name, directory):
     with gzip.open(archive, "rb") as compressed, open(target, "wb") as plain:
         shutil.copyfileobj(compressed, plain)
     expected = MULTI30K_SHA256.get(name)
-    if expected and _sha256(target) != expected:
+    if expected and file_sha256(target) != expected:
         target.unlink()
         raise CorpusError(f"downloaded {name} does not match its checksum; try again")
     return target

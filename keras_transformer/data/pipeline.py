@@ -129,7 +129,8 @@ def make_translation_batches(
 
     if isinstance(pairs, TokenShards):
         lengths = pairs.lengths(shards)
-        if not len(lengths):
+        # A worker may have no pairs of its own; the caller checked that some worker has.
+        if not len(lengths) and pad_to_batches is None:
             raise ValueError("no sentence pairs to batch")
         tokenized, epoch = _shard_pairs(pairs, shards, shuffle, seed, shuffle_buffer, epoch)
     else:
@@ -160,17 +161,13 @@ def make_translation_batches(
 
     # What max_length costs (for the caller to report), and how many batches
     # an epoch has (for Keras' progress bar), from the lengths alone.
-    long = (lengths > max_length).any(axis=1)
-    num_long = int(long.sum())
+    counts = pair_counts(lengths, max_length, long_pairs)
     if long_pairs == "drop":
         dataset = tokenized.filter(lambda source, target: tf.logical_not(too_long(source, target)))
-        counts = dict(num_pairs=len(lengths) - num_long, num_dropped=num_long, num_truncated=0)
-        lengths = lengths[~long]
     else:
         dataset = tokenized.map(truncate)
-        counts = dict(num_pairs=len(lengths), num_dropped=0, num_truncated=num_long)
-        lengths = np.minimum(lengths, max_length)
-    if counts["num_pairs"] == 0:
+    lengths = _kept_lengths(lengths, max_length, long_pairs)
+    if counts["num_pairs"] == 0 and pad_to_batches is None:
         raise ValueError(f"every pair is longer than max_length={max_length} tokens")
 
     def teacher_forcing(source, target):
@@ -218,14 +215,25 @@ def _buckets(max_length, tokens_per_batch):
     return bounds, [max(1, tokens_per_batch // length) for length in longest]
 
 
+def pair_counts(lengths, max_length, long_pairs="drop"):
+    """`{num_pairs, num_dropped, num_truncated}` for pairs of these `(pairs, 2)` lengths."""
+    num_long = int((np.asarray(lengths).reshape(-1, 2) > max_length).any(axis=1).sum())
+    if long_pairs == "drop":
+        return dict(num_pairs=len(lengths) - num_long, num_dropped=num_long, num_truncated=0)
+    return dict(num_pairs=len(lengths), num_dropped=0, num_truncated=num_long)
+
+
 def count_batches(lengths, max_length, tokens_per_batch=None, batch_size=None, long_pairs="drop", batch_multiple=1):
     """The number of batches `make_translation_batches` makes of pairs of these `(pairs, 2)` lengths."""
-    lengths = np.asarray(lengths).reshape(-1, 2)
+    kept = _kept_lengths(np.asarray(lengths).reshape(-1, 2), max_length, long_pairs)
+    return _count_kept_batches(kept, max_length, tokens_per_batch, batch_size, batch_multiple)
+
+
+def _kept_lengths(lengths, max_length, long_pairs):
+    """The lengths of the pairs batched: long ones dropped, or cut to max_length."""
     if long_pairs == "drop":
-        lengths = lengths[~(lengths > max_length).any(axis=1)]
-    else:
-        lengths = np.minimum(lengths, max_length)
-    return _count_kept_batches(lengths, max_length, tokens_per_batch, batch_size, batch_multiple)
+        return lengths[~(lengths > max_length).any(axis=1)]
+    return np.minimum(lengths, max_length)
 
 
 def _count_kept_batches(lengths, max_length, tokens_per_batch, batch_size, batch_multiple):
@@ -272,7 +280,8 @@ def _shard_pairs(shards, chosen, shuffle, seed, shuffle_buffer, epoch=None):
     files = shards.files(chosen)
 
     def one_pass(pass_seed):
-        file_order = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), seed=pass_seed)
+        file_order = tf.data.Dataset.from_tensor_slices(tf.constant(files, tf.string))
+        file_order = file_order.shuffle(max(1, len(files)), seed=pass_seed)
         return shards.dataset(chosen, file_order=file_order).shuffle(shuffle_buffer, seed=pass_seed)
 
     return each_epoch(one_pass, seed, epoch)

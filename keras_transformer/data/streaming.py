@@ -23,8 +23,10 @@ learning a vocabulary, in one streaming pass.
 import dataclasses
 import glob
 import gzip
+import functools
 import hashlib
 import os
+import zlib
 
 import tensorflow as tf
 
@@ -53,10 +55,13 @@ def count_lines(path):
     """Lines in a text file (plain or .gz), the last one counted with or without its newline."""
     opener = gzip.open if _compression(path) else open
     lines, last = 0, b"\n"
-    with opener(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 22), b""):
-            lines += block.count(b"\n")
-            last = block[-1:]
+    try:
+        with opener(path, "rb") as file:
+            for block in iter(lambda: file.read(1 << 22), b""):
+                lines += block.count(b"\n")
+                last = block[-1:]
+    except (OSError, EOFError, zlib.error) as error:  # a damaged or cut .gz
+        raise CorpusError(f"{path} cannot be read to the end: {error}") from None
     return lines + (last != b"\n")
 
 
@@ -94,8 +99,8 @@ class ParallelText:
         """What the corpus is on disk: every file's path, size and modification time."""
         return [[os.path.abspath(path), os.path.getsize(path), os.stat(path).st_mtime_ns] for path in self.files]
 
-    def check_aligned(self):
-        """The number of lines (pairs, good or not); CorpusError when aligned files differ in length."""
+    @functools.cached_property
+    def _line_count(self):
         if self.tsv_files:
             return sum(count_lines(path) for path in self.tsv_files)
         total = 0
@@ -107,6 +112,13 @@ class ParallelText:
                 )
             total += source_lines
         return total
+
+    def check_aligned(self):
+        """The number of lines (pairs, good or not); CorpusError when aligned files differ in length.
+
+        The files are read once (counted in Python, a few seconds a gigabyte); later calls remember.
+        """
+        return self._line_count
 
     def line_batches(self):
         """Batches of `(line numbers, sources, targets, problems)` in file order; a problem is OK or a `PROBLEMS` code."""
@@ -152,7 +164,7 @@ class Split:
         corpus: a `ParallelText` or `PairsInMemory`.
         held_back: "val" (only the lines lent to validation) or "train" (all
             others) for a corpus that has no validation files; None: every line.
-        limit: read only the corpus's first `limit` lines (before any are lent).
+        limit: only the split's first `limit` lines (good or not).
     """
 
     corpus: object
@@ -171,25 +183,32 @@ class Split:
 
         def select(numbers, *columns):
             keep = tf.ones_like(numbers, tf.bool)
-            if self.limit:
-                keep &= numbers < self.limit
+            position = numbers  # the line's place in this split
             if self.held_back:
                 lent = (numbers % HOLD_BACK_EVERY == 0) & (numbers < HOLD_BACK_FROM)
                 keep &= lent == wanted
+                lent_so_far = tf.minimum(numbers // HOLD_BACK_EVERY + 1, HOLD_BACK_FROM // HOLD_BACK_EVERY)
+                position = numbers // HOLD_BACK_EVERY if wanted else numbers - lent_so_far
+            if self.limit:
+                keep &= position < self.limit
             return tuple(tf.boolean_mask(column, keep) for column in (numbers, *columns))
 
         if self.limit:
-            batches = batches.take(-(-self.limit // BATCH_LINES))
+            # Lines past the last one the limit can reach are not read.
+            if self.held_back == "val":
+                last_line = HOLD_BACK_EVERY * self.limit
+            else:
+                last_line = self.limit + (HOLD_BACK_FROM // HOLD_BACK_EVERY if self.held_back else 0)
+            batches = batches.take(last_line // BATCH_LINES + 1)
         return batches.map(select)
 
     def count(self):
         """Lines in the split, good or not (CorpusError for misaligned files)."""
         lines = self.corpus.check_aligned()
-        lines = min(lines, self.limit) if self.limit else lines
         if self.held_back:
             lent = len(range(0, min(lines, HOLD_BACK_FROM), HOLD_BACK_EVERY))
             lines = lent if self.held_back == "val" else lines - lent
-        return lines
+        return min(lines, self.limit) if self.limit else lines
 
     def good_pairs_list(self, limit=None):
         """The split's good pairs (the first `limit`) as a list: for validation-sized splits."""

@@ -9,9 +9,14 @@ to disk; every later one checks them and reads them as they are:
       lengths-00000-of-00016.npy      (pairs, 2) int32: each pair's source and target length
       manifest.json                   written last: what was tokenised, the counts, every file's checksum
 
-Pair i goes to shard i mod 16, so the shards hold equal shares, and a worker
-of a cluster can read its own shards (`TokenShards.dataset(shards=...)`).
-The lengths give an epoch's exact number of batches without reading the ids.
+The shards hold the corpus in a random order, as if it had been shuffled
+before: each pair goes to a shard chosen at random, and each shard is then
+written out in a random order (one shard in memory at a time). A corpus is
+often files of one domain after another; without this, every epoch would
+still run through them in turn, however the shards are read. The choices
+come from a fixed seed, so tokenising twice writes the same shards. A worker
+of a cluster reads its own shards (`TokenShards.dataset(shards=...)`). The
+lengths give an epoch's exact number of batches without reading the ids.
 
 A shard set is used only if its manifest describes the same corpus and
 vocabularies (`identity`) and every file has the size and SHA-256 the
@@ -21,7 +26,6 @@ when complete, so an interrupted tokenisation is never taken for a finished one.
 """
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -32,25 +36,19 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer.data import streaming
+from keras_transformer.saving import file_sha256
 
 logger = logging.getLogger("keras_transformer")
 
 NUM_SHARDS = 16
 MANIFEST = "manifest.json"
-_FORMAT = 1  # the record layout above; a manifest of another format is redone
+_FORMAT = 2  # the record layout and order above; a manifest of another format is redone
+_SHUFFLE_SEED = 20170612  # the paper's arXiv date: any fixed number, so that shards repeat
 
 
 def _shard_names(index, num_shards):
     suffix = f"{index:05d}-of-{num_shards:05d}"
     return f"shard-{suffix}.tfrecord", f"lengths-{suffix}.npy"
-
-
-def _sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclasses.dataclass
@@ -94,7 +92,7 @@ class TokenShards:
         files, e.g. shuffled each epoch; four files are read at a time.
         """
         files = self.files(shards)
-        names = file_order if file_order is not None else tf.data.Dataset.from_tensor_slices(files)
+        names = file_order if file_order is not None else tf.data.Dataset.from_tensor_slices(tf.constant(files, tf.string))
         records = names.interleave(
             lambda name: tf.data.TFRecordDataset(name, buffer_size=1 << 20),
             cycle_length=min(4, max(1, len(files))),
@@ -128,13 +126,13 @@ def open_token_shards(directory, identity):
             path = os.path.join(directory, shard[kind])
             if not os.path.exists(path):
                 return None, f"{path} is missing"
-            if os.path.getsize(path) != shard[f"{kind}_bytes"] or _sha256(path) != shard[f"{kind}_sha256"]:
+            if os.path.getsize(path) != shard[f"{kind}_bytes"] or file_sha256(path) != shard[f"{kind}_sha256"]:
                 return None, f"{path} is damaged (its size or checksum is not the manifest's)"
     return TokenShards(directory, manifest), None
 
 
 def tokenize_once(directory, line_batches, source_tokenizer, target_tokenizer, identity, num_shards=NUM_SHARDS):
-    """The shards of `pairs` in `directory`: opened when intact, else written (again).
+    """The shards of a split's lines in `directory`: opened when intact, else written (again).
 
     Args:
         directory: where the shards live (inside a run directory).
@@ -159,7 +157,10 @@ def tokenize_once(directory, line_batches, source_tokenizer, target_tokenizer, i
     shutil.rmtree(staging, ignore_errors=True)
     os.makedirs(staging)
     names = [_shard_names(index, num_shards) for index in range(num_shards)]
-    writers = [tf.io.TFRecordWriter(os.path.join(staging, records)) for records, _ in names]
+    random = np.random.default_rng(_SHUFFLE_SEED)
+    # First every pair goes to a shard chosen at random, in corpus order ...
+    unshuffled = [os.path.join(staging, f"unshuffled-{records}") for records, _ in names]
+    writers = [tf.io.TFRecordWriter(path) for path in unshuffled]
     lengths = [[] for _ in range(num_shards)]
     problem_counts = np.zeros(len(streaming.PROBLEMS) + 1, np.int64)
     written = 0
@@ -168,24 +169,31 @@ def tokenize_once(directory, line_batches, source_tokenizer, target_tokenizer, i
             problem_counts += problems
             buffer = flat_ids.astype("<i4").tobytes()
             offsets = row_starts * 4
-            for row in range(len(pair_lengths)):
-                shard = (written + row) % num_shards
+            shard_of_row = random.integers(num_shards, size=len(pair_lengths))
+            for row, shard in enumerate(shard_of_row):
                 writers[shard].write(buffer[offsets[row] : offsets[row + 1]])
-            # Pair `written + row` went to shard `(written + row) % num_shards`.
             for shard in range(num_shards):
-                lengths[shard].append(pair_lengths[(shard - written) % num_shards :: num_shards])
+                lengths[shard].append(pair_lengths[shard_of_row == shard])
             written += len(pair_lengths)
     finally:
         for writer in writers:
             writer.close()
+    # ... then each shard is read back and written out in a random order.
     manifest_shards = []
-    for (records, lengths_name), shard_lengths in zip(names, lengths):
+    for (records, lengths_name), shard_lengths, unshuffled_path in zip(names, lengths, unshuffled):
+        shard_records = [record for batch in tf.data.TFRecordDataset(unshuffled_path).batch(1 << 16).as_numpy_iterator()
+                         for record in batch]
+        order = random.permutation(len(shard_records))
+        with tf.io.TFRecordWriter(os.path.join(staging, records)) as writer:
+            for index in order:
+                writer.write(shard_records[index])
+        os.remove(unshuffled_path)
         shard_lengths = np.concatenate(shard_lengths) if shard_lengths else np.zeros((0, 2), np.int32)
-        np.save(os.path.join(staging, lengths_name), shard_lengths.astype(np.int32))
-        entry = {"records": records, "lengths": lengths_name, "pairs": len(shard_lengths)}
+        np.save(os.path.join(staging, lengths_name), shard_lengths[order].astype(np.int32).reshape(-1, 2))
+        entry = {"records": records, "lengths": lengths_name, "pairs": len(shard_records)}
         for kind in ("records", "lengths"):
             path = os.path.join(staging, entry[kind])
-            entry.update({f"{kind}_bytes": os.path.getsize(path), f"{kind}_sha256": _sha256(path)})
+            entry.update({f"{kind}_bytes": os.path.getsize(path), f"{kind}_sha256": file_sha256(path)})
         manifest_shards.append(entry)
     skipped = {description: int(problem_counts[code]) for code, description in streaming.PROBLEMS.items()}
     manifest = {"format": _FORMAT, "identity": identity, "shards": manifest_shards, "skipped": skipped}

@@ -11,6 +11,7 @@ disk, and how a rerun resumes or continues, is `run_dir`'s; the settings and
 their defaults are `options`'.
 """
 
+import dataclasses
 import logging
 import time
 
@@ -43,6 +44,8 @@ def corpus_splits(data_config, splits=("train", "val")):
             for split in ("train", "val")
         }
         for split in splits:
+            if split not in files:
+                raise ValueError(f"dataset 'files' has a train and a val split, not {split!r}")
             given = files[split]
             if given["tsv"] or (given["source"] and given["target"]):
                 result[split] = data.Split(data.ParallelText.from_files(**given))
@@ -241,7 +244,7 @@ def _train(config, run_dir, verbose, overwrite, chief_run_dir):
 
 
 def _worker_batches(strategy, shards, source_tokenizer, target_tokenizer, settings, batching):
-    """`(batches, this worker's TranslationBatches)`: on a cluster, each worker batches its own shards.
+    """`(batches, TranslationBatches)`: on a cluster, each worker batches its own shards.
 
     `batches(skip_steps)` is the distributed dataset with its first steps
     skipped (`run_dir.fit` resumes a run stopped mid-epoch with it).
@@ -265,6 +268,10 @@ def _worker_batches(strategy, shards, source_tokenizer, target_tokenizer, settin
     # One variable outside the strategy sets every epoch's order (an exact resume).
     epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="shuffle_epoch")
     made = []
+    # The pairs of all workers together, as one process would report them.
+    totals = data.pair_counts(shards.lengths(), batching["max_length"], batching["long_pairs"])
+    if totals["num_pairs"] == 0:
+        raise ValueError(f"every pair is longer than max_length={batching['max_length']} tokens")
 
     def this_worker(context, skip_steps):
         workers, worker = context.num_input_pipelines, context.input_pipeline_id
@@ -287,7 +294,8 @@ def _worker_batches(strategy, shards, source_tokenizer, target_tokenizer, settin
         return strategy.distribute_datasets_from_function(lambda context: this_worker(context, skip_steps))
 
     whole_epochs = distributed()
-    return (lambda skip_steps: distributed(skip_steps) if skip_steps else whole_epochs), made[0]
+    batches = dataclasses.replace(made[0], **totals)
+    return (lambda skip_steps: distributed(skip_steps) if skip_steps else whole_epochs), batches
 
 
 def _sample_callbacks(run_dir, settings, val_pairs, source_tokenizer, target_tokenizer):
