@@ -39,10 +39,11 @@ PRETRAINING_TOKENS = CLASSIFIER_TOKENS + (MASK,)
 # Vocabulary learning keeps whole words and pieces seen at least this often
 # (the library's default, 10, drops too much of a small corpus).
 MIN_COUNT = 2
-# The learner's threshold is the count of the word ranked at this share of the
-# asked-for size: it then learns somewhat more tokens than asked, and the least
-# used are dropped (`_vocabulary_from_word_counts`).
-_THRESHOLD_RANK = 0.75
+# The learner's threshold is the count of the word ranked at this multiple of
+# the asked-for size: it then learns somewhat more tokens than asked, and the
+# least used are dropped (`_vocabulary_from_word_counts`). At 0.75, IMDB's
+# reviews gave 28,247 tokens for 32,000 asked; at 1.0, 32,000.
+_THRESHOLD_RANK = 1.0
 # Word counts go through tensorflow-text's learner with its defaults but these.
 _LEARNER_SETTINGS = dict(
     num_iterations=3, max_input_tokens=int(5e6), max_token_length=50, max_unique_chars=1000, joiner="##"
@@ -236,12 +237,13 @@ def _vocabulary_from_word_counts(word_counts, vocab_size, reserved_tokens, min_c
     the asked-for size by running the whole learner again for each guess
     (several minutes for a large sample). Here the learner runs once, at a
     threshold that yields a few more tokens than asked: the count of the word
-    ranked `_THRESHOLD_RANK * vocab_size`. Then every word is tokenized with
+    ranked `_THRESHOLD_RANK * vocab_size` (at least `min_count`). Then every word is tokenized with
     that vocabulary, each token's uses are counted (times the word's count),
     and the least used tokens go until the vocabulary fits. Single characters
     always stay, so every word of the text still has a spelling. On Multi30k's
     German side (8000 tokens) this takes 5 s where the search took 63, and the
-    text needs 0.5% fewer tokens.
+    text needs 0.5% fewer tokens; IMDB's 22,500 training reviews (5.2 million
+    words) give 32,000 tokens in 19 s.
     """
     ranked_counts = sorted(word_counts.values(), reverse=True)
     threshold = max(min_count, ranked_counts[min(len(ranked_counts) - 1, int(vocab_size * _THRESHOLD_RANK))])
