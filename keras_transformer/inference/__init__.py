@@ -1,11 +1,13 @@
-"""Decoding: greedy and beam search over any model's step function, the Transformer's step, and a text-to-text Translator."""
+"""Decoding: greedy and beam search and sampling over any model's step function, the Transformer's and a language model's steps, and a text-to-text Translator."""
 
 from keras_transformer.backends import require_tensorflow
 
 require_tensorflow("keras_transformer.inference", "its searches run the model inside tf.while_loop")
 
 from keras_transformer.inference.search import beam_search, greedy_search, higher_scoring, length_penalty, num_steps
+from keras_transformer.inference.sampling import filter_logits, sample
 from keras_transformer.inference.steps import (
+    language_model_step,
     output_limits,
     score_sequences,
     transformer_search,
@@ -16,11 +18,14 @@ from keras_transformer.inference.translator import Translator
 __all__ = [
     "Translator",
     "beam_search",
+    "filter_logits",
     "greedy_search",
     "higher_scoring",
+    "language_model_step",
     "length_penalty",
     "num_steps",
     "output_limits",
+    "sample",
     "score_sequences",
     "transformer_search",
     "transformer_step",

@@ -112,6 +112,36 @@ def transformer_step(model, source_ids, max_length, beams=1, use_cache=True):
     return cached_step, own_keys_values
 
 
+def language_model_step(model, batch_size, max_length, use_cache=True):
+    """A decoder-only model's step function and its initial cache, for `sampling.sample` or the searches.
+
+    Args:
+        model: a `keras_transformer.models.LanguageModel`.
+        batch_size: rows.
+        max_length: positions the cache has room for (prompt width + new tokens).
+        use_cache: decode on the key/value cache; else every step re-runs the
+            model on the whole prefix (the reference the cache is tested against).
+
+    Returns:
+        `(step_fn, cache)`, as `transformer_step`'s, with the rows on axis
+        `cache_batch_axis(use_cache)`.
+    """
+    if not use_cache:
+
+        def recomputing_step(tokens, prefix, index):
+            prefix = write_column(prefix, index, tokens)
+            return model.decode(prefix[:, : index + 1])[:, -1], prefix
+
+        return recomputing_step, tf.zeros([batch_size, max_length], tf.int32)
+
+    def cached_step(tokens, cache, index):
+        layers = [{"self_attention": own} for own in cache]
+        logits, layers = model.decode(tokens[:, None], cache=layers, cache_index=index)
+        return logits[:, 0], [layer["self_attention"] for layer in layers]
+
+    return cached_step, [layer["self_attention"] for layer in model.build_cache(batch_size, max_length)]
+
+
 def cache_batch_axis(use_cache=True):
     """The rows' axis in the cache of `transformer_step(..., use_cache=use_cache)`."""
     return 1 if use_cache else 0

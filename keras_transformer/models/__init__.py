@@ -9,11 +9,13 @@ from keras_transformer.models.attention_maps import (
     token_sides,
 )
 from keras_transformer.models.classifier import TransformerClassifier
+from keras_transformer.models.language_model import LanguageModel
 from keras_transformer.models.masked_lm import MaskedLanguageModel
 from keras_transformer.models.multi_worker import MultiWorkerFit
 from keras_transformer.models.transformer import PRESETS, Transformer
 
 __all__ = [
+    "LanguageModel",
     "MaskedLanguageModel",
     "MultiWorkerFit",
     "PRESETS",

@@ -1,0 +1,130 @@
+"""Sampling continuations of prompts, for a language model: temperature, top-k, top-p.
+
+Greedy and beam search (`search`) look for the most probable text; a
+language model asked to write draws each next token at random from its
+distribution instead, reshaped by three settings:
+
+- `temperature` T: softmax(logits / T). Below 1 the likely tokens get
+  likelier, above 1 the distribution flattens; 0 means greedy.
+- `top_k` k: draw only among the k most probable tokens (Fan et al., 2018).
+- `top_p` p: draw only among the fewest most probable tokens whose
+  probabilities add up to at least p, "nucleus sampling" (Holtzman et al., 2020).
+
+The sampler drives the same step function as the searches,
+`step_fn(tokens, cache, index) -> (logits, cache)`: at position t it feeds
+every row its token t and gets the logits of token t + 1. Prompts of
+different lengths come right-padded in one batch: while a row is inside its
+prompt, its next token is the prompt's (the step only fills the cache); after
+it, the token is drawn. So each row's text is what it would be alone, and one
+loop both reads the prompts into the cache and writes. A row stops at [END]
+or after `max_new_tokens`.
+
+The draws are `tf.random.stateless_categorical` with the seed `(seed, t)` at
+position t: the same seed and batch give the same text, in a graph or out.
+"""
+
+import tensorflow as tf
+
+from keras_transformer.inference.search import NEG_INF, _loop_shapes, write_column
+
+
+def filter_logits(logits, temperature=1.0, top_k=None, top_p=None):
+    """`(rows, vocab)` logits reshaped for drawing: scaled by 1/temperature, outside top-k / top-p set to -inf-ish.
+
+    Example:
+    >>> filter_logits(tf.constant([[2.0, 1.0, 0.0]]), top_k=2)  # [[2.0, 1.0, -1e9]]
+    """
+    logits = tf.convert_to_tensor(logits, tf.float32) / tf.cast(temperature, tf.float32)
+    if top_k is not None:
+        kth_largest = tf.math.top_k(logits, k=tf.minimum(top_k, tf.shape(logits)[-1])).values[:, -1:]
+        logits = tf.where(logits < kth_largest, NEG_INF, logits)
+    if top_p is not None:
+        sorted_logits = tf.sort(logits, axis=-1, direction="DESCENDING")
+        probabilities = tf.nn.softmax(sorted_logits, axis=-1)
+        # A token is kept when the tokens more probable than it add up to less than p:
+        # the first always is.
+        before = tf.cumsum(probabilities, axis=-1, exclusive=True)
+        kept = tf.where(before < top_p, sorted_logits, tf.float32.max)
+        smallest_kept = tf.reduce_min(kept, axis=-1, keepdims=True)
+        logits = tf.where(logits < smallest_kept, NEG_INF, logits)
+    return logits
+
+
+def sample(
+    step_fn,
+    cache,
+    prompts,
+    prompt_lengths,
+    max_new_tokens,
+    end_id,
+    seed=0,
+    temperature=1.0,
+    top_k=None,
+    top_p=None,
+    never=(0,),
+    cache_batch_axis=0,
+):
+    """Continue each prompt with tokens drawn from the model.
+
+    Args:
+        step_fn: `(tokens, cache, index) -> (logits, cache)` (see `search`); one row per prompt.
+        cache: its initial cache, rows on axis `cache_batch_axis`, with room for
+            `prompt width + max_new_tokens` positions.
+        prompts: `(rows, width)` int32, each right-padded with 0; at least one token each.
+        prompt_lengths: `(rows,)` int32, each prompt's tokens.
+        max_new_tokens: tokens to add at most, [END] included.
+        end_id: the token that ends a text.
+        seed: an integer: the same seed, the same texts.
+        temperature, top_k, top_p: see `filter_logits`; temperature 0 is greedy.
+        never: ids never drawn (padding; a [START] token).
+        cache_batch_axis: the rows' axis in every cache tensor.
+
+    Returns:
+        `(tokens, lengths)`: `(rows, width + max_new_tokens)` int32, each
+        row its prompt then what was drawn, padded with 0; and each row's length.
+
+    Example:
+    >>> step_fn, cache = language_model_step(model, batch_size=2, max_length=40)
+    >>> tokens, lengths = sample(step_fn, cache, prompts, prompt_lengths, 30, end_id, seed=1, top_p=0.9)
+    """
+    prompts = tf.convert_to_tensor(prompts, tf.int32)
+    prompt_lengths = tf.convert_to_tensor(prompt_lengths, tf.int32)
+    rows, width = tf.shape(prompts)[0], tf.shape(prompts)[1]
+    total = width + max_new_tokens
+    tokens = tf.pad(prompts, [[0, 0], [0, max_new_tokens]])
+    limits = prompt_lengths + max_new_tokens  # each row's longest text
+
+    def not_done(position, finished, *_):
+        return (position + 1 < total) & ~tf.reduce_all(finished)
+
+    def one_step(position, finished, cache, tokens):
+        current = tf.gather(tokens, position, axis=1)
+        logits, cache = step_fn(current, cache, position)
+        for token_id in never:
+            logits = write_column(logits, token_id, tf.fill([rows], NEG_INF))
+        if temperature == 0:
+            drawn = tf.argmax(logits, axis=-1, output_type=tf.int32)
+        else:
+            filtered = filter_logits(logits, temperature, top_k, top_p)
+            drawn = tf.random.stateless_categorical(
+                filtered, 1, seed=tf.stack([tf.cast(seed, tf.int64), tf.cast(position, tf.int64)]), dtype=tf.int32
+            )[:, 0]
+        next_position = position + 1
+        in_prompt = next_position < prompt_lengths
+        prompt_token = tf.gather(tokens, next_position, axis=1)
+        chosen = tf.where(in_prompt, prompt_token, tf.where(finished, 0, drawn))
+        tokens = write_column(tokens, next_position, chosen)
+        finished = finished | (~in_prompt & (chosen == end_id)) | (next_position + 1 >= limits)
+        return next_position, finished, cache, tokens
+
+    initial = (tf.constant(0), prompt_lengths + max_new_tokens <= 1, cache, tokens)
+    _, _, _, tokens = tf.while_loop(
+        not_done, one_step, initial, shape_invariants=_loop_shapes(initial, 2, cache_batch_axis)
+    )
+    # A row's text ends after [END] or at its limit; the rest is padding.
+    positions = tf.range(total)[None, :]
+    ended = tf.cumsum(tf.cast((tokens == end_id) & (positions >= prompt_lengths[:, None]), tf.int32), axis=1)
+    ended_before = tf.pad(ended[:, :-1], [[0, 0], [1, 0]])
+    keep = (ended_before == 0) & (positions < limits[:, None])
+    tokens = tf.where(keep, tokens, 0)
+    return tokens, tf.reduce_sum(tf.cast(keep & (tokens != 0), tf.int32), axis=1)

@@ -1,0 +1,101 @@
+"""The decoder alone (`LanguageModel`) and sampling from it."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_transformer as kt
+from keras_transformer.inference import filter_logits, language_model_step, sample
+
+pytestmark = pytest.mark.tensorflow  # the sampler is TensorFlow ops (tf.while_loop), as the searches
+
+VOCAB, END = 40, 3
+SIZES = dict(vocab_size=VOCAB, num_layers=2, d_model=32, num_heads=4, d_ff=64, max_length=32, dropout=0.0)
+
+
+@pytest.fixture(scope="module")
+def model():
+    keras.utils.set_random_seed(1)
+    model = kt.models.LanguageModel(**SIZES)
+    model.build((None, None))
+    return model
+
+
+def test_a_token_sees_only_the_tokens_before_it(model):
+    tokens = np.random.default_rng(0).integers(4, VOCAB, (2, 10)).astype("int32")
+    changed = tokens.copy()
+    changed[:, 6:] = np.random.default_rng(1).integers(4, VOCAB, (2, 4))
+    np.testing.assert_allclose(model(changed)[:, :6], model(tokens)[:, :6], atol=1e-5)
+    logits, scores = model(tokens, return_attention_scores=True)
+    weights = keras.ops.convert_to_numpy(scores["decoder/layer_1/self_attention"])  # (batch, heads, 10, 10)
+    assert weights.shape == (2, 4, 10, 10) and np.all(weights[..., np.triu_indices(10, 1)[0], np.triu_indices(10, 1)[1]] == 0)
+
+
+def test_reload_is_exact_and_gpt2_small_has_its_size(tmp_path, model):
+    tokens = np.arange(4, 14, dtype="int32")[None]
+    path = tmp_path / "lm.keras"
+    model.save(path)
+    np.testing.assert_array_equal(keras.models.load_model(path)(tokens), model(tokens))
+    gpt2 = kt.models.LanguageModel.from_preset("gpt2-small", vocab_size=50257)
+    gpt2.build((None, None))
+    assert 124_000_000 < gpt2.count_params() < 125_000_000  # GPT-2's 124M (plus an output bias)
+    with pytest.raises(ValueError, match="needs vocab_size"):
+        kt.models.LanguageModel.from_preset("small")
+
+
+def prompts_of(rows):
+    """Right-padded prompts and their lengths."""
+    width = max(len(row) for row in rows)
+    return (np.array([row + [0] * (width - len(row)) for row in rows], "int32"),
+            np.array([len(row) for row in rows], "int32"))
+
+
+def run(model, rows, use_cache=True, **settings):
+    prompts, lengths = prompts_of(rows)
+    new = settings.pop("max_new_tokens", 8)
+    step_fn, cache = language_model_step(model, len(rows), prompts.shape[1] + new, use_cache=use_cache)
+    tokens, text_lengths = sample(step_fn, cache, prompts, lengths, new, END, never=(0, 1, 2),
+                                  cache_batch_axis=1 if use_cache else 0, **settings)
+    return [list(row[:length]) for row, length in zip(tokens.numpy(), text_lengths.numpy())]
+
+
+ROWS = [[2, 5, 9, 11], [2, 7], [2, 30, 12, 8, 4, 22]]
+
+
+def test_the_same_seed_gives_the_same_texts_and_another_seed_others(model):
+    first = run(model, ROWS, seed=7, temperature=1.5)
+    assert first == run(model, ROWS, seed=7, temperature=1.5)
+    assert first != run(model, ROWS, seed=8, temperature=1.5)
+    for row, text in zip(ROWS, first):
+        assert text[: len(row)] == row and len(row) < len(text) <= len(row) + 8
+        assert all(token not in (0, 1, 2) for token in text[len(row):])
+
+
+def test_sampling_on_the_cache_equals_sampling_with_the_whole_prefix_recomputed(model):
+    for settings in (dict(temperature=0), dict(seed=3, top_k=5), dict(seed=4, top_p=0.8, temperature=0.7)):
+        assert run(model, ROWS, **settings) == run(model, ROWS, use_cache=False, **settings)
+
+
+def test_prompts_of_different_lengths_continue_as_each_would_alone(model):
+    together = run(model, ROWS, temperature=0)
+    alone = [run(model, [row], temperature=0)[0] for row in ROWS]
+    assert together == alone
+
+
+def test_top_k_1_and_a_tiny_top_p_are_greedy_and_end_stops_a_text():
+    logits = tf.constant([[0.0, 3.0, 1.0, 2.0], [5.0, 1.0, 4.0, 0.0]])
+    np.testing.assert_array_equal(filter_logits(logits, top_k=2) > -1e8, [[0, 1, 0, 1], [1, 0, 1, 0]])
+    np.testing.assert_array_equal(filter_logits(logits, top_p=0.01) > -1e8, [[0, 1, 0, 0], [1, 0, 0, 0]])
+    # softmax([3, 2, 1, 0]) = 0.64, 0.24, ...: p = 0.7 keeps the two most probable.
+    np.testing.assert_array_equal(filter_logits(logits[:1], top_p=0.7) > -1e8, [[0, 1, 0, 1]])
+    np.testing.assert_allclose(filter_logits(logits, temperature=2.0), logits / 2)
+
+    # A model that always prefers [END] after the prompt: texts end at once.
+    def step_fn(tokens, cache, index):
+        return tf.one_hot(tf.fill(tf.shape(tokens), END), VOCAB) * 10.0, cache
+
+    prompts, lengths = prompts_of([[2, 5, 6], [2]])
+    tokens, text_lengths = sample(step_fn, tf.zeros([2, 1]), prompts, lengths, 5, END, seed=0, top_k=1)
+    assert tokens.numpy().tolist() == [[2, 5, 6, END, 0, 0, 0, 0], [2, END, 0, 0, 0, 0, 0, 0]]
+    assert text_lengths.numpy().tolist() == [4, 2]
