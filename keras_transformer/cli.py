@@ -92,8 +92,24 @@ def build_parser():
     _add_run_directory_arguments(pretrain)
     pretrain.set_defaults(handler=_pretrain)
 
+    language_model = commands.add_parser("train-lm", help="train a GPT-style language model (the decoder alone)")
+    _add_config_options(language_model, options.LANGUAGE_MODEL)
+    _add_run_directory_arguments(language_model)
+    language_model.set_defaults(handler=_train_language_model)
+
+    generate = commands.add_parser("generate", help="continue prompts with a language model run's sampled text")
+    generate.add_argument("run_dir")
+    generate.add_argument("prompts", nargs="*", help="the prompts (default: stdin, one a line)")
+    generate.add_argument("--temperature", type=float, help="0: greedy; default the run's (1.0)")
+    generate.add_argument("--top-k", type=int, help="draw among the K most probable tokens only")
+    generate.add_argument("--top-p", type=float, help="draw among the most probable tokens that add up to P")
+    generate.add_argument("--seed", type=int, default=0, help="the same seed, the same text")
+    generate.add_argument("--max-new-tokens", type=int, help="default the run's (60)")
+    generate.set_defaults(handler=_generate)
+
     evaluate = commands.add_parser(
-        "evaluate", help="a run's scores: BLEU and chrF (translation), accuracy and F1 (classification)"
+        "evaluate", help="a run's scores: BLEU and chrF (translation), accuracy and F1 (classification), "
+        "perplexity and bits per character (language model)"
     )
     evaluate.add_argument("run_dir")
     evaluate.add_argument("--split", choices=["val", "test"], default="val", help="translation: the split")
@@ -101,6 +117,8 @@ def build_parser():
     evaluate.add_argument("--length-penalty", type=float, metavar="ALPHA", help="translation: default the run's")
     evaluate.add_argument("--csv", metavar="FILE", help="classification: a file with text and label columns "
                           "(default: the run's validation set)")
+    evaluate.add_argument("--text", metavar="FILES", help="language model: these files' lines (default: the run's "
+                          "validation texts)")
     evaluate.add_argument("--batch-size", type=int)
     evaluate.set_defaults(handler=_evaluate)
 
@@ -242,6 +260,39 @@ def _pretrain(arguments):
     print(f"next:          keras-transformer train-classifier --init-from {arguments.out} --dataset ... --out ...")
 
 
+def _train_language_model(arguments):
+    _split_cpu_first(arguments)
+    from keras_transformer.runs import language_model
+
+    metrics = language_model.train(
+        _config_from_arguments(arguments, options.LANGUAGE_MODEL), arguments.out, overwrite=arguments.overwrite
+    )
+    if _finished(metrics["training"], arguments.out) or not _reports():
+        return
+    final = metrics["training"]["final"]
+    print(
+        f"\nvalidation perplexity {final['val_perplexity']:.2f} (per token); "
+        f"{metrics['training']['seconds_per_epoch']:.0f}s/epoch"
+    )
+    print(f"run directory: {arguments.out}")
+    print(f"try it:        keras-transformer generate {arguments.out} \"...\" --seed 1")
+
+
+def _generate(arguments):
+    from keras_transformer.runs import language_model
+
+    _task_of(arguments.run_dir, "generate", (options.LANGUAGE_MODEL,))
+    prompts = arguments.prompts or _lines_from_stdin()
+    if not prompts:
+        raise ValueError("give prompts as arguments or on stdin, one a line")
+    texts = language_model.generate(
+        arguments.run_dir, prompts, seed=arguments.seed, temperature=arguments.temperature, top_k=arguments.top_k,
+        top_p=arguments.top_p, max_new_tokens=arguments.max_new_tokens,
+    )
+    for generated in texts:
+        print(generated)
+
+
 def _reports():
     """Whether this process reports a training run: yes, but on a cluster's workers other than the chief."""
     from keras_transformer.training import is_chief
@@ -295,11 +346,22 @@ def _evaluate(arguments):
         _report_translation(scores, samples)
         print(f"\nhypotheses: {scores['hypotheses']}")
         print(json.dumps({key: scores[key] for key in ("bleu", "bleu_lowercase", "chrf")}))
+    elif arguments.beam_size or arguments.length_penalty is not None or arguments.split != "val":
+        raise ValueError(
+            f"--beam-size, --length-penalty and --split are for translation runs; {arguments.run_dir} is a {task} run"
+        )
+    elif task == options.LANGUAGE_MODEL:
+        if arguments.csv:
+            raise ValueError(f"--csv is for classifier runs; {arguments.run_dir} is a language model (use --text)")
+        scores = task_module(task).evaluate(arguments.run_dir, arguments.text, arguments.batch_size or 32)
+        print(
+            f"perplexity {scores['perplexity']:.2f} per token, {scores['bits_per_character']:.3f} bits per character "
+            f"on {scores['texts']} texts ({scores['data']})"
+        )
+        print(json.dumps({key: scores[key] for key in ("perplexity", "bits_per_character")}))
     else:
-        if arguments.beam_size or arguments.length_penalty is not None or arguments.split != "val":
-            raise ValueError(
-                f"--beam-size, --length-penalty and --split are for translation runs; {arguments.run_dir} is a classifier"
-            )
+        if arguments.text:
+            raise ValueError(f"--text is for language-model runs; {arguments.run_dir} is a {task} run")
         _report_classification(task_module(task).evaluate(arguments.run_dir, arguments.csv, arguments.batch_size))
 
 

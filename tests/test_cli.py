@@ -85,6 +85,9 @@ def test_the_options_table_matches_the_library():
     assert choices["training.precision"] == set(training.PRECISIONS)
     assert choices["training.long_pairs"] == set(LONG_PAIR_POLICIES)
     assert choices["model.preset"] == set(models.PRESETS)
+    (language_model_presets,) = [option.choices for option in options.OPTIONS
+                                 if option.dest == "model.preset" and options.LANGUAGE_MODEL in option.tasks]
+    assert set(language_model_presets) == set(models.language_model.PRESETS)
     assert choices["model.position"] == set(POSITION_KINDS)
     assert choices["model.pooling"] == set(POOLINGS)
     assert set(cli_plot_kinds()) == set(models.attention_maps.KINDS)

@@ -1,5 +1,7 @@
 """The decoder alone (`LanguageModel`) and sampling from it."""
 
+import json
+
 import keras
 import numpy as np
 import pytest
@@ -99,3 +101,35 @@ def test_top_k_1_and_a_tiny_top_p_are_greedy_and_end_stops_a_text():
     tokens, text_lengths = sample(step_fn, tf.zeros([2, 1]), prompts, lengths, 5, END, seed=0, top_k=1)
     assert tokens.numpy().tolist() == [[2, 5, 6, END, 0, 0, 0, 0], [2, END, 0, 0, 0, 0, 0, 0]]
     assert text_lengths.numpy().tolist() == [4, 2]
+
+
+@pytest.mark.slow
+def test_train_lm_generate_and_evaluate_on_the_command_line(tmp_path):
+    from helpers import TINY_MODEL, cli
+    from keras_transformer.data import demo_corpus
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(source for source, _ in demo_corpus()["train"][:3000]) + "\n", encoding="utf-8")
+    run = tmp_path / "lm"
+    trained = cli("train-lm", "--text", texts, "--out", run, *TINY_MODEL, "--vocab-size", "300", "--max-length", "32",
+                  "--batch-size", "16", "--epochs", "2", "--warmup-steps", "50")
+    assert "validation perplexity" in trained.stdout
+
+    def generate(*settings):
+        return cli("generate", run, "The young cat", "A dog", *settings).stdout.splitlines()
+
+    first = generate("--seed", "3", "--top-p", "0.9")
+    assert len(first) == 2 and first[0].startswith("The young cat") and first[1].startswith("A dog")
+    assert generate("--seed", "3", "--top-p", "0.9") == first
+    greedy = generate("--temperature", "0")
+    assert greedy == generate("--temperature", "0", "--seed", "9")  # greedy ignores the seed
+
+    evaluated = cli("evaluate", run)
+    scores = json.loads(evaluated.stdout.strip().splitlines()[-1])
+    assert 1 < scores["perplexity"] < 100 and 0 < scores["bits_per_character"] < 5
+    held_out = tmp_path / "other.txt"
+    held_out.write_text("The big dog sees a cat.\nNow a cow sleeps.\n", encoding="utf-8")
+    assert "on 2 texts" in cli("evaluate", run, "--text", held_out).stdout
+
+    refused = cli("generate", run, "A dog", "--top-p", "2", check=False)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].startswith("keras-transformer: error: ")

@@ -19,13 +19,19 @@ import dataclasses
 TRANSLATION = "translation"
 CLASSIFICATION = "classification"
 PRETRAINING = "pretraining"  # masked-language-model pre-training of a classifier's encoder
-TASKS = (TRANSLATION, CLASSIFICATION, PRETRAINING)
+LANGUAGE_MODEL = "language_model"  # the decoder alone, GPT-style
+TASKS = (TRANSLATION, CLASSIFICATION, PRETRAINING, LANGUAGE_MODEL)
 
 TRANSLATION_DATASETS = ("demo", "multi30k", "files")
 # A classifier's corpora; "csv:PATH" names any file with text and label columns.
 # The built-in corpora, whose labels are SENTIMENT_LABELS; a classifier also reads any CSV.
 SENTIMENT_DATASETS = ("sst2", "imdb", "imdb-sentences")
 CLASSIFICATION_DATASETS = (*SENTIMENT_DATASETS, "csv")
+# A language model's built-in texts: IMDB's reviews, or one side of Multi30k.
+LANGUAGE_MODEL_DATASETS = ("imdb", "multi30k-en", "multi30k-de")
+# How a language model's texts become training sequences: packed into full windows, or one text a row.
+PACKINGS = ("windows", "lines")
+LANGUAGE_MODEL_PRESETS = ("small", "gpt2-small")
 # Class names of the built-in sentiment sets, for `classify` and the export.
 SENTIMENT_LABELS = ("negative", "positive")
 
@@ -155,6 +161,31 @@ DEFAULTS = {
         },
         "evaluation": {},
     },
+    LANGUAGE_MODEL: {
+        "task": LANGUAGE_MODEL,
+        "data": {
+            "dataset": "imdb",
+            "data_dir": None,
+            "text": None,  # a file (or glob) of texts, one a line, instead of the dataset
+            "packing": "windows",
+            "limit_train": None,
+            "limit_val": None,
+        },
+        "tokenizer": {"vocab_size": 8000, "lower_case": False},
+        "model": {"preset": "small"},  # plus any LanguageModel argument
+        "training": {
+            "epochs": 3,
+            "max_length": 128,  # tokens a sequence (a window) predicts
+            "batch_size": 32,
+            "warmup_steps": 1000,
+            "learning_rate_scale": 1.0,
+            "ema_momentum": None,
+            "steps_per_epoch": None,
+            "early_stopping": None,
+            **_HOW_TRAINING_RUNS,
+        },
+        "evaluation": {"temperature": 1.0, "top_k": None, "top_p": None, "max_new_tokens": 60},
+    },
 }
 
 # `--dataset demo`: a corpus and a model small enough to train in a few
@@ -204,6 +235,7 @@ class Option:
 
 # Rows for one task or two; the others take every task.
 _TRANSLATION, _CLASSIFICATION, _PRETRAINING = (TRANSLATION,), (CLASSIFICATION,), (PRETRAINING,)
+_LANGUAGE_MODEL = (LANGUAGE_MODEL,)
 _TEXT_CORPORA = (CLASSIFICATION, PRETRAINING)
 
 OPTIONS = (
@@ -217,6 +249,11 @@ OPTIONS = (
            f"{', '.join(SENTIMENT_DATASETS)}) to the training set", metavar="NAMES", tasks=_CLASSIFICATION),
     Option("data", "text", help="pre-train on this file's texts, one a line, instead of --dataset's",
            metavar="FILE", tasks=_PRETRAINING),
+    Option("data", "dataset", help="the texts", choices=LANGUAGE_MODEL_DATASETS, tasks=_LANGUAGE_MODEL),
+    Option("data", "text", help="train on these files' texts, one a line (a glob names several), instead of "
+           "--dataset's", metavar="FILES", tasks=_LANGUAGE_MODEL),
+    Option("data", "packing", help="windows: texts joined and cut into full windows of --max-length tokens; "
+           "lines: one text a row", choices=PACKINGS, tasks=_LANGUAGE_MODEL),
     Option("data", "data_dir", help="the corpus directory (default $KERAS_TRANSFORMER_DATA/NAME or ../shared/data/NAME)"),
     Option("data", "direction", help="Multi30k: de-en or en-de", tasks=_TRANSLATION),
     *(
@@ -240,6 +277,8 @@ OPTIONS = (
     Option("tokenizer", "vocab_sample", int, "learn the vocabulary from a seeded sample of at most N training "
            "pairs", metavar="N", tasks=_TRANSLATION),
     # model
+    Option("model", "preset", help="small, or GPT-2's smallest sizes", choices=LANGUAGE_MODEL_PRESETS,
+           tasks=_LANGUAGE_MODEL),
     Option("model", "preset", help="the paper's sizes (Table 3), and small", choices=("small", "base", "big"),
            tasks=_TRANSLATION),
     Option("model", "num_layers", int, "layers in the encoder (and the decoder)"),
