@@ -18,7 +18,7 @@ import random
 import numpy as np
 import tensorflow as tf
 
-from keras_transformer import data, inference, models, text, training
+from keras_transformer import data, inference, models, text
 from keras_transformer.runs import run_dir as runs
 from keras_transformer.runs.options import DEFAULTS, LANGUAGE_MODEL, LANGUAGE_MODEL_DATASETS, PACKINGS
 
@@ -122,17 +122,7 @@ def build_model(config, vocab_size):
 
 
 def compile_model(model, config):
-    settings = config["training"]
-    model.compile(
-        optimizer=training.transformer_optimizer(
-            model.d_model, settings["warmup_steps"], settings["learning_rate_scale"],
-            ema_momentum=settings["ema_momentum"], accumulate_steps=settings["accumulate_steps"],
-        ),
-        loss=training.MaskedSparseCrossEntropy(),
-        metrics=[training.MaskedAccuracy(), training.Perplexity()],
-        jit_compile=settings["jit_compile"],
-    )
-    training.build_optimizer_variables(model)
+    runs.compile_token_prediction(model, model.d_model, config["training"])
 
 
 # -- the commands ------------------------------------------------------------------

@@ -16,7 +16,7 @@ other labels (SST-2's recipe starts from one trained on IMDB's sentences).
 import logging
 import random
 
-from keras_transformer import data, text, training
+from keras_transformer import data, text
 from keras_transformer.runs import encoders
 from keras_transformer.runs import run_dir as runs
 from keras_transformer.runs.encoders import classifier_config, pretrained_encoder_weights  # noqa: F401 (API)
@@ -56,19 +56,8 @@ build_model = encoders.build_masked_lm
 
 
 def compile_model(model, config):
-    settings = config["training"]
-    model.compile(
-        optimizer=training.transformer_optimizer(
-            config["model"]["d_model"], settings["warmup_steps"], settings["learning_rate_scale"],
-            ema_momentum=settings["ema_momentum"],
-            accumulate_steps=settings["accumulate_steps"],
-        ),
-        # Labels are 0 where nothing was hidden: the masked loss and accuracy read only the hidden tokens.
-        loss=training.MaskedSparseCrossEntropy(),
-        metrics=[training.MaskedAccuracy(), training.Perplexity()],
-        jit_compile=settings["jit_compile"],
-    )
-    training.build_optimizer_variables(model)
+    # Labels are 0 where nothing was hidden: the masked loss and accuracy read only the hidden tokens.
+    runs.compile_token_prediction(model, config["model"]["d_model"], config["training"])
 
 
 def train(config, run_dir, verbose=1, overwrite=False):

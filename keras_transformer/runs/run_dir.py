@@ -515,6 +515,26 @@ def average_checkpoints(run_dir, out_dir, last=None):
     return epochs
 
 
+def compile_token_prediction(model, d_model, settings, label_smoothing=0.0):
+    """Compile a model that predicts tokens (a translator, a masked or a causal language model).
+
+    The paper's Adam on its warm-up schedule (with the run's scale, moving
+    average and gradient accumulation), the cross-entropy over real tokens
+    (padding and unpredicted positions are 0 and skipped), masked accuracy
+    and perplexity; the optimizer's variables are made now.
+    """
+    model.compile(
+        optimizer=training.transformer_optimizer(
+            d_model, settings["warmup_steps"], settings["learning_rate_scale"],
+            ema_momentum=settings["ema_momentum"], accumulate_steps=settings["accumulate_steps"],
+        ),
+        loss=training.MaskedSparseCrossEntropy(label_smoothing),
+        metrics=[training.MaskedAccuracy(), training.Perplexity()],
+        jit_compile=settings["jit_compile"],
+    )
+    training.build_optimizer_variables(model)
+
+
 def has_tokenizer(run_dir, name):
     return os.path.exists(os.path.join(vocab_path(run_dir, name), text.TOKENIZER_SETTINGS))  # written last
 

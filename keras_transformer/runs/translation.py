@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import time
 
-from keras_transformer import data, evaluation, inference, models, saving, training
+from keras_transformer import data, evaluation, inference, models, saving
 from keras_transformer.models.multi_worker import spans_workers
 from keras_transformer.runs import run_dir as runs
 from keras_transformer.runs.options import DEFAULTS, TRANSLATION, TRANSLATION_DATASETS
@@ -143,19 +143,7 @@ def build_model(config, source_vocab_size, target_vocab_size):
 
 
 def compile_model(model, training_config):
-    model.compile(
-        optimizer=training.transformer_optimizer(
-            model.d_model,
-            training_config["warmup_steps"],
-            training_config["learning_rate_scale"],
-            ema_momentum=training_config["ema_momentum"],
-            accumulate_steps=training_config["accumulate_steps"],
-        ),
-        loss=training.MaskedSparseCrossEntropy(training_config["label_smoothing"]),
-        metrics=[training.MaskedAccuracy(), training.Perplexity()],
-        jit_compile=training_config["jit_compile"],
-    )
-    training.build_optimizer_variables(model)
+    runs.compile_token_prediction(model, model.d_model, training_config, training_config["label_smoothing"])
 
 
 # -- the commands ------------------------------------------------------------------
