@@ -515,7 +515,7 @@ def average_checkpoints(run_dir, out_dir, last=None):
     return epochs
 
 
-def compile_token_prediction(model, d_model, settings, label_smoothing=0.0):
+def compile_token_prediction(model, d_model, settings, label_smoothing=0.1):
     """Compile a model that predicts tokens (a translator, a masked or a causal language model).
 
     The paper's Adam on its warm-up schedule (with the run's scale, moving
