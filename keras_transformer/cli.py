@@ -151,7 +151,8 @@ def build_parser():
     export.set_defaults(handler=_export)
 
     plot = commands.add_parser(
-        "plot-attention", help="translate a sentence and save its attention: heatmaps (PNG), or the explorer (HTML)"
+        "plot-attention",
+        help="translate a sentence (or continue a prompt) and save its attention: heatmaps (PNG), or the explorer (HTML)",
     )
     plot.add_argument("run_dir", nargs="?", help="the run directory (omit with --saved-model)")
     plot.add_argument("sentence", nargs="?")
@@ -163,10 +164,12 @@ def build_parser():
     plot.add_argument(
         "--saved-model", metavar="EXPORT", help="with --html: the cross-attention an export computes"
     )
-    plot.add_argument("--kind", choices=["cross", "decoder_self", "encoder"], default="cross")
+    plot.add_argument("--kind", choices=["cross", "decoder_self", "encoder"],
+                      help="translation: default cross (a language model has decoder_self only)")
     plot.add_argument("--layer", type=int, help="default: the last")
     plot.add_argument("--heads", type=int, nargs="+", help="default: all")
-    plot.add_argument("--beam-size", type=int, help="default: the run's evaluation setting")
+    plot.add_argument("--beam-size", type=int, help="translation: default the run's evaluation setting")
+    plot.add_argument("--seed", type=int, default=0, help="language model: the sampling seed")
     plot.set_defaults(handler=_plot_attention)
 
     average = commands.add_parser(
@@ -410,7 +413,7 @@ def _classify(arguments):
 def _export(arguments):
     from keras_transformer.runs import task_module
 
-    task = _task_of(arguments.run_dir, "export")
+    task = _task_of(arguments.run_dir, "export", (options.TRANSLATION, options.CLASSIFICATION, options.LANGUAGE_MODEL))
     if task == options.TRANSLATION:
         path = task_module(task).export(
             arguments.run_dir,
@@ -428,7 +431,11 @@ def _export(arguments):
             raise ValueError("--beam-size, --length-penalty and --max-output-length are for translation runs")
         path = task_module(task).export(arguments.run_dir, arguments.export_base, version=arguments.version)
         print(f"exported SavedModel: {path}")
-        print("signature: serving_default (text -> label, label_id, probabilities, embedding)")
+        if task == options.LANGUAGE_MODEL:
+            print("signatures: serving_default (text -> text, continuation, new_tokens), "
+                  "generate (text, seed, temperature, top_k, top_p, max_new_tokens -> the same)")
+        else:
+            print("signature: serving_default (text -> label, label_id, probabilities, embedding)")
 
 
 def _plot_attention(arguments):
@@ -448,11 +455,22 @@ def _plot_attention(arguments):
     else:
         if not (arguments.run_dir and arguments.sentence):
             raise ValueError("plot-attention needs a run directory and a sentence (or --saved-model EXPORT)")
-        _task_of(arguments.run_dir, "plot-attention", (options.TRANSLATION,))
-        translated = translation.plot_attention(
-            arguments.run_dir, arguments.sentence, png=arguments.out, html=arguments.html, kind=arguments.kind,
-            layer=arguments.layer, beam_size=arguments.beam_size, heads=arguments.heads,
-        )
+        task = _task_of(arguments.run_dir, "plot-attention", (options.TRANSLATION, options.LANGUAGE_MODEL))
+        if task == options.LANGUAGE_MODEL:
+            if arguments.kind not in (None, "decoder_self") or arguments.beam_size:
+                raise ValueError("a language model has --kind decoder_self only, and samples instead of --beam-size")
+            from keras_transformer.runs import language_model
+
+            translated = language_model.plot_attention(
+                arguments.run_dir, arguments.sentence, png=arguments.out, html=arguments.html, layer=arguments.layer,
+                heads=arguments.heads, seed=arguments.seed,
+            )
+        else:
+            translated = translation.plot_attention(
+                arguments.run_dir, arguments.sentence, png=arguments.out, html=arguments.html,
+                kind=arguments.kind or "cross", layer=arguments.layer, beam_size=arguments.beam_size,
+                heads=arguments.heads,
+            )
     print(translated)
     for path in (arguments.out, arguments.html):
         if path:

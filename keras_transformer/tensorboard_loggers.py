@@ -10,6 +10,10 @@ themselves, which the Attention tab draws (`keras_transformer.tensorboard_plugin
 point at a word, compare heads, step through the epochs). Open them with
 `tensorboard --logdir RUN_DIR/logs` (Attention, Images, Text and Scalars tabs).
 
+`LanguageModelAttentionLogger` does the same for a language model: a few
+prompts continued greedily each epoch, with every layer's self-attention
+over the whole text, for the Attention tab.
+
 `EmbeddingProjectorLogger` watches a classifier: each epoch it writes the
 pooled ([CLS]) sentence embeddings of a fixed validation sample for
 TensorBoard's Projector tab (with a metadata table of label and text) and a
@@ -28,10 +32,11 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer.evaluation import translation_scores
-from keras_transformer.inference import Translator
+from keras_transformer.inference import Generator, Translator
 from keras_transformer.models.attention_maps import (
     CLS_ROW,
     CLS_ROW_SIDES,
+    DECODER_SELF,
     ENCODER,
     ENCODER_STACK,
     KINDS,
@@ -40,7 +45,9 @@ from keras_transformer.models.attention_maps import (
     POOLING_SIDES,
     SOURCE,
     TARGET,
+    TEXT_SIDE,
     attention_map_name,
+    parse_attention_map_name,
     maps_with_sides,
     queries_and_keys,
     stack_attention_maps,
@@ -384,6 +391,62 @@ class ClassifierAttentionLogger(keras.callbacks.Callback):
         self._writer.flush()
 
 
+class LanguageModelAttentionLogger(keras.callbacks.Callback):
+    """What a language model attends to while it writes, for the Attention tab, every epoch.
+
+    Each prompt is continued greedily (what the model "thinks" now, and the
+    same every time for the same weights), then the whole text is read once
+    more to get every layer's causal self-attention: row t is what the model
+    looked at when it chose token t + 1, so the rows past the prompt show
+    how each generated word was made. Written per epoch with the prompt and
+    the text (`keras_transformer.tensorboard_plugin.summaries`; kind
+    "decoder_self", both axes the text's tokens).
+
+    Args:
+        prompts: a few prompts, such as the first words of validation texts.
+        tokenizer: the run's `WordPieceTokenizer`.
+        log_dir: where to write (`RUN_DIR/logs/samples`, say).
+        max_new_tokens: tokens each continuation may add.
+
+    Example:
+    >>> logger = LanguageModelAttentionLogger(["This movie was"], tokenizer, "runs/lm/logs/samples")
+    >>> model.fit(windows, epochs=3, callbacks=[logger])
+    """
+
+    def __init__(self, prompts, tokenizer, log_dir, max_new_tokens=20):
+        super().__init__()
+        self.prompts = [str(prompt) for prompt in prompts]
+        if not self.prompts:
+            raise ValueError("LanguageModelAttentionLogger needs at least one prompt")
+        self.tokenizer = tokenizer
+        self.log_dir = log_dir
+        self.max_new_tokens = max_new_tokens
+        self._writer = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.log(step=epoch + 1)
+
+    def log(self, step):
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.log_dir)
+        # The model's window bounds what it may add beside the prompt.
+        max_new_tokens = min(self.max_new_tokens, self.model.max_length // 2)
+        generator = Generator(self.model, self.tokenizer, temperature=0, max_new_tokens=max_new_tokens)
+        results = generator.attention_maps(self.prompts)
+        with self._writer.as_default(step=step):
+            for index, (prompt, result) in enumerate(zip(self.prompts, results)):
+                tf.summary.text(f"sample_{index}/text", f"| | |\n|---|---|\n| prompt | {prompt} |\n"
+                                f"| model (greedy) | {result['text']} |")
+                write_sample(
+                    index,
+                    {"prompt": prompt, "text": result["text"]},
+                    {TEXT_SIDE: result["tokens"]},
+                    [(DECODER_SELF, parse_attention_map_name(name)[1], TEXT_SIDE, TEXT_SIDE, weights)
+                     for name, weights in result["attention"].items()],
+                )
+        self._writer.flush()
+
+
 def _has_sklearn():
     try:
         import sklearn  # noqa: F401  (only whether it is there)
@@ -392,4 +455,4 @@ def _has_sklearn():
     return True
 
 
-__all__ = ["AttentionMapLogger", "EmbeddingProjectorLogger", "attention_samples", "pca_2d"]
+__all__ = ["AttentionMapLogger", "EmbeddingProjectorLogger", "LanguageModelAttentionLogger", "attention_samples", "pca_2d"]

@@ -1,7 +1,8 @@
 """Feed an export the requests a careless client or an attacker would send; report what came back.
 
-Works on the translator's export and on the classifier's (whose only signature is
-`serving_default`, with the same `text` input): requests go to the signatures the export has.
+Works on the translator's export, the classifier's (whose only signature is
+`serving_default`, with the same `text` input) and the language model's (`serving_default` and
+`generate`): requests go to the signatures the export has.
 
 Run in its own process (`python malformed_requests.py EXPORT_DIR SEED COUNT OUT.json`), the way
 a server holds a model: if any request kills the process, the test that started it sees the
@@ -18,6 +19,11 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  registers the WordPiece ops
 
+GENERATE_SETTINGS = {
+    "seed": np.int64(1), "temperature": np.float32(1), "top_k": np.int32(0), "top_p": np.float32(1),
+    "max_new_tokens": np.int32(4),
+}
+
 # The requests the issue found fatal or silently wrong, and their neighbours.
 NAMED_REQUESTS = {
     "serving_default": {
@@ -31,6 +37,16 @@ NAMED_REQUESTS = {
         "scalar string": {"text": np.array("A dog runs.", object)},
         "[1, 0] strings": {"text": np.zeros([1, 0], object)},
         "[2, 2] strings": {"text": np.array([["A", "B"], ["C", "D"]], object)},
+    },
+    # A language model's export: the prompts and five scalar settings.
+    "generate": {
+        "scalar text": {"text": np.array("A dog", object), **GENERATE_SETTINGS},
+        "[1, 2] text": {"text": np.array([["A dog", "A cat"]], object), **GENERATE_SETTINGS},
+        "vector seed": {"text": np.array(["A dog"], object), **{**GENERATE_SETTINGS, "seed": np.array([1, 2])}},
+        "negative temperature": {
+            "text": np.array(["A dog"], object), **{**GENERATE_SETTINGS, "temperature": np.float32(-1)}
+        },
+        "no new tokens": {"text": np.array(["A dog"], object), **{**GENERATE_SETTINGS, "max_new_tokens": np.int32(0)}},
     },
     "score_tokens": {
         "2 source rows, 1 target row": {
@@ -50,8 +66,14 @@ NAMED_REQUESTS = {
 
 def random_request(random, signature):
     """Random tensors for a signature's inputs: ranks 0-3, zero dimensions, wrong dtypes, random bytes."""
-    names = ("text",) if signature != "score_tokens" else ("source_ids", "target_ids")
-    return {name: random_tensor(random) for name in names}
+    names = {"score_tokens": ("source_ids", "target_ids"), "generate": ("text", *GENERATE_SETTINGS)}.get(
+        signature, ("text",)
+    )
+    request = {name: random_tensor(random) for name in names}
+    if signature == "generate" and random.random() < 0.5:
+        # Half the time only the prompts are random: the settings are fine, so the prompts are what is tested.
+        request.update(GENERATE_SETTINGS)
+    return request
 
 
 def random_tensor(random):

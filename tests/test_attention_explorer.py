@@ -1,7 +1,7 @@
 """The attention explorer: TensorBoard's Attention tab and its HTML file, in a real server and a real browser.
 
-A tiny translator and a tiny classifier train two epochs with their
-attention loggers; a `tensorboard` process serves the logs; Debian's
+A tiny translator, a tiny classifier and a tiny language model train two
+epochs with their attention loggers; a `tensorboard` process serves the logs; Debian's
 Chromium, driven by Playwright (pointed at the system browser: nothing is
 downloaded), opens the tab, picks a layer and a head, points at a source
 token and reads from the page which lines are drawn.
@@ -17,7 +17,11 @@ import numpy as np
 import pytest
 
 import keras_transformer as kt
-from keras_transformer.tensorboard_loggers import AttentionMapLogger, ClassifierAttentionLogger
+from keras_transformer.tensorboard_loggers import (
+    AttentionMapLogger,
+    ClassifierAttentionLogger,
+    LanguageModelAttentionLogger,
+)
 from keras_transformer.text import WordPieceTokenizer
 
 from keras_transformer.tensorboard_plugin.server import serve
@@ -56,6 +60,14 @@ def log_dir(tmp_path_factory):
     watcher = ClassifierAttentionLogger(ids[:2], TEXTS[:2], labels[:2], words, str(logs / "classifier"),
                                         class_names=["negative", "positive"])
     classifier.fit(ids, labels, epochs=EPOCHS, batch_size=8, verbose=0, callbacks=[watcher])
+
+    language_model = kt.models.LanguageModel(
+        vocab_size=source.vocab_size, num_layers=LAYERS, d_model=16, num_heads=HEADS, d_ff=32, max_length=16
+    )
+    language_model.compile(optimizer="adam", loss=kt.training.MaskedSparseCrossEntropy(0.0))
+    writer = LanguageModelAttentionLogger([PAIRS[0][0]], source, str(logs / "language_model"), max_new_tokens=5)
+    language_model.fit(source_ids[:, :-1], source_ids[:, 1:], epochs=EPOCHS, batch_size=8, verbose=0,
+                       callbacks=[writer])
     return logs
 
 
@@ -79,7 +91,7 @@ def plugin(url, route):
 def test_the_plugin_serves_every_layer_and_head_with_its_tokens(tensorboard):
     index = plugin(tensorboard, "index")
     runs = {run["run"]: run for run in index["runs"]}
-    assert set(runs) == {"samples", "classifier"}
+    assert set(runs) == {"samples", "classifier", "language_model"}
     samples = runs["samples"]["samples"]
     assert [sample["sample"] for sample in samples] == [0, 1]
     assert samples[0]["steps"] == list(range(1, EPOCHS + 1)) and samples[0]["label"] == PAIRS[0][0]
@@ -103,6 +115,15 @@ def test_the_plugin_serves_every_layer_and_head_with_its_tokens(tensorboard):
     row = classified["maps"][0]
     assert row["queries"] == ["[CLS]"] and row["keys"][0] == "[CLS]" and "bad" in row["keys"]
     assert np.array(row["weights"]).shape == (HEADS, 1, len(row["keys"]))
+
+    # A language model's self-attention over its prompt and what it wrote: both axes the text's tokens.
+    assert runs["language_model"]["samples"][0]["kinds"] == {"decoder_self": list(range(LAYERS))}
+    written = plugin(tensorboard, "sample?run=language_model&sample=0&step=2")
+    assert written["texts"]["prompt"] == PAIRS[0][0] and written["texts"]["text"]
+    own = written["maps"][0]
+    assert own["sides"] == ["text", "text"] and own["queries"] == own["keys"] and own["keys"][0] == "[START]"
+    weights = np.array(own["weights"])
+    assert weights.shape == (HEADS, len(own["keys"]), len(own["keys"])) and np.all(np.triu(weights, k=1) == 0)
 
     # Requests the plugin cannot answer are refused with a reason; the server lives on.
     for route, status in (("sample?run=samples&sample=zero&step=1", 400), ("sample?run=samples&sample=0&step=99", 404),

@@ -5,7 +5,6 @@ import json
 import logging
 import os
 
-import numpy as np
 import pytest
 import tensorflow as tf
 

@@ -133,3 +133,17 @@ def test_train_lm_generate_and_evaluate_on_the_command_line(tmp_path):
 
     refused = cli("generate", run, "A dog", "--top-p", "2", check=False)
     assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].startswith("keras-transformer: error: ")
+
+    # Each epoch wrote its prompts' self-attention for the Attention tab.
+    tags = {value.tag for events in (run / "logs" / "samples").glob("events*")
+            for event in tf.compat.v1.train.summary_iterator(str(events)) for value in event.summary.value}
+    assert {"attention/sample_0/texts", "attention/sample_0/decoder_self/layer_0"} <= tags, tags
+    page, png = tmp_path / "attention.html", tmp_path / "attention.png"
+    plotted = cli("plot-attention", run, "A dog", "--html", page, "--out", png, "--seed", "2")
+    assert plotted.stdout.startswith("A dog") and png.stat().st_size > 1000
+    assert '"kind": "decoder_self"' in page.read_text(encoding="utf-8")
+    wrong_kind = cli("plot-attention", run, "A dog", "--html", page, "--kind", "cross", check=False)
+    assert wrong_kind.returncode == 2 and "decoder_self only" in wrong_kind.stderr
+
+    exported = cli("export", run, tmp_path / "exports")
+    assert f"exported SavedModel: {tmp_path / 'exports' / '1'}" in exported.stdout and "generate (text, seed" in exported.stdout

@@ -1,17 +1,20 @@
-"""Export a trained translator or text classifier as a SavedModel that TensorFlow Serving runs."""
+"""Export a trained translator, text classifier or language model as a SavedModel that TensorFlow Serving runs."""
 
 from keras_transformer.backends import require_tensorflow
 
 require_tensorflow("keras_transformer.export", "a SavedModel is a TensorFlow graph")
 
 from keras_transformer.export.classifier import export_classifier
+from keras_transformer.export.language_model import GenerationService, export_language_model
 from keras_transformer.export.translator import SIGNATURES, TranslationService, export_translator
 from keras_transformer.export.versions import load_export, resolve_export, version_path
 
 __all__ = [
+    "GenerationService",
     "SIGNATURES",
     "TranslationService",
     "export_classifier",
+    "export_language_model",
     "export_translator",
     "load_export",
     "resolve_export",

@@ -25,10 +25,9 @@ empty batch gives empty outputs, bytes that are not UTF-8 are replaced by
 U+FFFD.
 """
 
-import re
-
 import tensorflow as tf
 
+from keras_transformer.export.captures import call_naming_captures, capture_names
 from keras_transformer.export.requests import (
     SOURCE_IDS,
     TARGET_IDS,
@@ -61,17 +60,17 @@ class TranslationService:
         self.translator = translator
         model = translator.model
         self._logits = tf.function(lambda source_ids, target_ids: model((source_ids, target_ids), training=False))
-        # What the signatures capture is named after the weights' paths (see `_call_naming_captures`).
-        self._capture_names = {id(variable.value.handle): _identifier(variable.path) for variable in model.variables}
+        # What the signatures capture is named after the weights' paths (see `call_naming_captures`).
+        self._capture_names = capture_names(model)
 
     @tf.function(input_signature=[TEXT])
     def serve(self, text):
-        outputs = _call_naming_captures(self.translator.__call__, self._capture_names, checked_sentences(text))
+        outputs = call_naming_captures(self.translator.__call__, self._capture_names, checked_sentences(text))
         return {"translation": outputs["translation"], "score": outputs["score"]}
 
     @tf.function(input_signature=[TEXT])
     def translate_with_attention(self, text):
-        outputs = _call_naming_captures(
+        outputs = call_naming_captures(
             self.translator.translate_with_attention, self._capture_names, checked_sentences(text)
         )
         names = ("translation", "score", "source_tokens", "target_tokens", "cross_attention")
@@ -94,7 +93,7 @@ class TranslationService:
             ),
         ]
         with tf.control_dependencies(checks):
-            logits = _call_naming_captures(self._logits, self._capture_names, source_ids, target_ids)
+            logits = call_naming_captures(self._logits, self._capture_names, source_ids, target_ids)
         return {"logits": tf.cast(logits, tf.float32)}
 
     def signatures(self):
@@ -120,34 +119,6 @@ class TranslationService:
         root.translate_with_attention = self.translate_with_attention
         root.score_tokens = self.score_tokens
         return root
-
-
-def _call_naming_captures(function, names, *args):
-    """`function(*args)` (a `tf.function`) from the function being traced, after naming what it reads.
-
-    A traced function takes what it reads from outside (the model's weights,
-    the tokenizers' WordPiece models) as extra, captured inputs. Saving a
-    signature renames each captured input whose name is not already its
-    argument name in the graph (a lowercase identifier at the top of the
-    graph), and logs every one it renamed. Left alone, the inputs `function`
-    captured come in under running numbers ("4935, 4937, ...": two screens
-    of log for this model), and a weight read inside a layer as "resource"
-    in the layer's name scope. Captured here first, at the top of the graph,
-    under the weights' paths (`names`, by the tensor's `id`) or
-    "captured_<n>", they are saved under those names, and the call below
-    reuses these captures.
-    """
-    concrete = function.get_concrete_function(*args)
-    graph = tf.compat.v1.get_default_graph()  # the FuncGraph of the function being traced
-    for tensor in concrete.captured_inputs:
-        graph.capture(tensor, name=names.get(id(tensor)) or f"captured_{len(graph.inputs)}")
-    return concrete(*args)
-
-
-def _identifier(path):
-    """`path` as a SavedModel keeps an input name: lowercase letters, digits and "_", a letter first."""
-    name = re.sub(r"[^a-z0-9_]", "_", path.lower())
-    return name if name[:1].isalpha() else f"v_{name}"
 
 
 def export_translator(translator, export_base, version=None):

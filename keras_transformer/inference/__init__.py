@@ -1,4 +1,4 @@
-"""Decoding: greedy and beam search and sampling over any model's step function, the Transformer's and a language model's steps, and a text-to-text Translator."""
+"""Decoding: greedy and beam search and sampling over any model's step function, the Transformer's and a language model's steps, and text-to-text Translator and Generator."""
 
 from keras_transformer.backends import require_tensorflow
 
@@ -13,9 +13,11 @@ from keras_transformer.inference.steps import (
     transformer_search,
     transformer_step,
 )
+from keras_transformer.inference.generator import Generator
 from keras_transformer.inference.translator import Translator
 
 __all__ = [
+    "Generator",
     "Translator",
     "beam_search",
     "filter_logits",

@@ -31,20 +31,28 @@ from keras_transformer.inference.search import NEG_INF, _loop_shapes, write_colu
 def filter_logits(logits, temperature=1.0, top_k=None, top_p=None):
     """`(rows, vocab)` logits reshaped for drawing: scaled by 1/temperature, outside top-k / top-p set to -inf-ish.
 
+    Any setting may be a scalar tensor (an export takes them per request):
+    top_k None or 0 and top_p None or 1 mean no limit; temperature must be
+    above 0 here (`sample` turns 0 into greedy).
+
     Example:
     >>> filter_logits(tf.constant([[2.0, 1.0, 0.0]]), top_k=2)  # [[2.0, 1.0, -1e9]]
     """
     logits = tf.convert_to_tensor(logits, tf.float32) / tf.cast(temperature, tf.float32)
     if top_k is not None:
-        kth_largest = tf.math.top_k(logits, k=tf.minimum(top_k, tf.shape(logits)[-1])).values[:, -1:]
+        vocab = tf.shape(logits)[-1]
+        top_k = tf.cast(top_k, tf.int32)
+        k = tf.where(top_k > 0, tf.minimum(top_k, vocab), vocab)
+        kth_largest = tf.math.top_k(logits, k=k).values[:, -1:]
         logits = tf.where(logits < kth_largest, NEG_INF, logits)
     if top_p is not None:
+        top_p = tf.cast(top_p, tf.float32)
         sorted_logits = tf.sort(logits, axis=-1, direction="DESCENDING")
         probabilities = tf.nn.softmax(sorted_logits, axis=-1)
-        # A token is kept when the tokens more probable than it add up to less than p:
-        # the first always is.
+        # A token is kept when the tokens more probable than it add up to less
+        # than p: the first always is. At p = 1 all are, whatever the rounding.
         before = tf.cumsum(probabilities, axis=-1, exclusive=True)
-        kept = tf.where(before < top_p, sorted_logits, tf.float32.max)
+        kept = tf.where((before < top_p) | (top_p >= 1.0), sorted_logits, tf.float32.max)
         smallest_kept = tf.reduce_min(kept, axis=-1, keepdims=True)
         logits = tf.where(logits < smallest_kept, NEG_INF, logits)
     return logits
@@ -76,6 +84,7 @@ def sample(
         end_id: the token that ends a text.
         seed: an integer: the same seed, the same texts.
         temperature, top_k, top_p: see `filter_logits`; temperature 0 is greedy.
+            Each a Python number or a scalar tensor.
         never: ids never drawn (padding; a [START] token).
         cache_batch_axis: the rows' axis in every cache tensor.
 
@@ -102,13 +111,15 @@ def sample(
         logits, cache = step_fn(current, cache, position)
         for token_id in never:
             logits = write_column(logits, token_id, tf.fill([rows], NEG_INF))
-        if temperature == 0:
-            drawn = tf.argmax(logits, axis=-1, output_type=tf.int32)
-        else:
-            filtered = filter_logits(logits, temperature, top_k, top_p)
-            drawn = tf.random.stateless_categorical(
+        drawn = tf.argmax(logits, axis=-1, output_type=tf.int32)  # temperature 0: greedy
+        if not _is_zero(temperature):
+            # A tensor temperature may still be 0 at run time: divide by 1 then, and keep the argmax.
+            scale = tf.where(temperature > 0, tf.cast(temperature, tf.float32), 1.0)
+            filtered = filter_logits(logits, scale, top_k, top_p)
+            sampled = tf.random.stateless_categorical(
                 filtered, 1, seed=tf.stack([tf.cast(seed, tf.int64), tf.cast(position, tf.int64)]), dtype=tf.int32
             )[:, 0]
+            drawn = tf.where(temperature > 0, sampled, drawn)
         next_position = position + 1
         in_prompt = next_position < prompt_lengths
         prompt_token = tf.gather(tokens, next_position, axis=1)
@@ -128,3 +139,8 @@ def sample(
     keep = (ended_before == 0) & (positions < limits[:, None])
     tokens = tf.where(keep, tokens, 0)
     return tokens, tf.reduce_sum(tf.cast(keep & (tokens != 0), tf.int32), axis=1)
+
+
+def _is_zero(temperature):
+    """Whether `temperature` is known to be 0 before the graph runs (a Python number)."""
+    return isinstance(temperature, (int, float)) and temperature == 0

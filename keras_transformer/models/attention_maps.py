@@ -36,6 +36,8 @@ POOLING = "pooling"
 POOLING_SIDES = ("pooled", "sentence")
 POOLING_QUERY = "[pooled]"
 SOURCE, TARGET = "source", "target"
+# A language model's maps are decoder self-attention over one text: both axes are its tokens.
+TEXT_SIDE = "text"
 
 # The Keras names of a Transformer's two stacks: the first part of a map's name.
 ENCODER_STACK, DECODER_STACK = "encoder", "decoder"
@@ -153,6 +155,7 @@ __all__ = [
     "KINDS",
     "SOURCE",
     "TARGET",
+    "TEXT_SIDE",
     "TOKEN_SIDES",
     "attention_map_name",
     "attention_map_names",

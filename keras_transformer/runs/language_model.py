@@ -122,7 +122,9 @@ def build_model(config, vocab_size):
 
 
 def compile_model(model, config):
-    runs.compile_token_prediction(model, model.d_model, config["training"])
+    # No label smoothing: a language model's probabilities are what it is
+    # judged by (perplexity) and what it samples from.
+    runs.compile_token_prediction(model, model.d_model, config["training"], label_smoothing=0.0)
 
 
 # -- the commands ------------------------------------------------------------------
@@ -153,6 +155,7 @@ def _train(config, run_dir, verbose, overwrite):
     callbacks = runs.training_callbacks(
         run_dir, settings, state, epoch_variables=[train_epoch], averaged_weights=settings["ema_momentum"] is not None
     )
+    callbacks += _attention_callbacks(run_dir, settings, texts["val"], text_tokenizer)
     if settings["steps_per_epoch"]:
         train_batches = train_batches.repeat()
     metrics = runs.fit(
@@ -163,6 +166,20 @@ def _train(config, run_dir, verbose, overwrite):
     )
     metrics.update(train_texts=len(texts["train"]), replicas=strategy.num_replicas_in_sync)
     return runs.update_metrics(run_dir, {"training": metrics})
+
+
+# The words of a validation text that make a prompt for the Attention tab.
+PROMPT_WORDS = 6
+
+
+def _attention_callbacks(run_dir, settings, val_texts, text_tokenizer):
+    from keras_transformer.tensorboard_loggers import LanguageModelAttentionLogger, attention_samples
+
+    watched = attention_samples(val_texts, settings["attention_samples"])
+    if not watched:
+        return []
+    prompts = [" ".join(text.split()[:PROMPT_WORDS]) for text in watched]
+    return [LanguageModelAttentionLogger(prompts, text_tokenizer, runs.log_path(run_dir, "samples"))]
 
 
 def load_config(run_dir):
@@ -177,32 +194,66 @@ def load(run_dir):
     return model, text_tokenizer
 
 
+def load_generator(run_dir, temperature=None, top_k=None, top_p=None, max_new_tokens=None):
+    """The run's `inference.Generator`, with the run's sampling settings unless others are given."""
+    settings = load_config(run_dir)["evaluation"]
+    model, text_tokenizer = load(run_dir)
+    chosen = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "max_new_tokens": max_new_tokens}
+    chosen = {name: settings[name] if value is None else value for name, value in chosen.items()}
+    # By default, at most half the model's window: the prompt keeps the other half.
+    if max_new_tokens is None:
+        chosen["max_new_tokens"] = min(chosen["max_new_tokens"], model.max_length // 2)
+    return inference.Generator(
+        model, text_tokenizer, temperature=chosen["temperature"], top_k=chosen["top_k"] or 0,
+        top_p=1.0 if chosen["top_p"] is None else chosen["top_p"], max_new_tokens=chosen["max_new_tokens"],
+    )
+
+
 def generate(run_dir, prompts, seed=0, temperature=None, top_k=None, top_p=None, max_new_tokens=None):
     """Continue each prompt with sampled text (settings default to the run's); returns the whole texts."""
-    settings = load_config(run_dir)["evaluation"]
-    temperature = settings["temperature"] if temperature is None else temperature
-    top_k = settings["top_k"] if top_k is None else top_k
-    top_p = settings["top_p"] if top_p is None else top_p
-    if temperature < 0 or (top_k is not None and top_k < 1) or (top_p is not None and not 0 < top_p <= 1):
-        raise ValueError("temperature must be >= 0, top_k >= 1 and top_p in (0, 1]")
-    model, text_tokenizer = load(run_dir)
-    # By default, at most half the model's window: the prompt keeps the other half.
-    max_new_tokens = max_new_tokens or min(settings["max_new_tokens"], model.max_length // 2)
-    ids = text_tokenizer.tokenize(tf.constant(list(prompts), tf.string))[:, :-1]  # [START] pieces, no [END]
-    room = model.max_length - max_new_tokens
-    if room < 1:
-        raise ValueError(f"--max-new-tokens must be below the model's max_length {model.max_length}")
-    ids = ids[:, :room]  # the most of each prompt the model can see beside what it writes
-    prompt_lengths = tf.cast(ids.row_lengths(), tf.int32)
-    prompt_ids = ids.to_tensor()
-    width = int(prompt_ids.shape[1])
-    step_fn, cache = inference.language_model_step(model, len(prompts), width + max_new_tokens)
-    tokens, _ = inference.sample(
-        step_fn, cache, prompt_ids, prompt_lengths, max_new_tokens, text_tokenizer.end_id, seed=seed,
-        temperature=temperature, top_k=top_k, top_p=top_p,
-        never=(text_tokenizer.pad_id, text_tokenizer.start_id), cache_batch_axis=1,
-    )
-    return [value.decode("utf-8") for value in text_tokenizer.detokenize(tokens).numpy()]
+    generator = load_generator(run_dir, temperature, top_k, top_p, max_new_tokens)
+    texts = generator(tf.constant(list(prompts), tf.string), seed=seed)["text"]
+    return [value.decode("utf-8") for value in texts.numpy()]
+
+
+def plot_attention(run_dir, prompt, png=None, html=None, layer=None, heads=None, seed=0):
+    """Continue `prompt` (the run's settings); save one layer's self-attention as `png`, every layer's in `html`.
+
+    Returns the text. The maps are over the whole text, prompt and
+    continuation (`Generator.attention_scores`); the HTML file is the
+    explorer of TensorBoard's Attention tab, self-contained.
+    """
+    from keras_transformer.models.attention_maps import DECODER_SELF, TEXT_SIDE, attention_map_name
+
+    generator = load_generator(run_dir)
+    num_layers = generator.model.num_layers
+    layer = num_layers - 1 if layer is None else layer
+    if not 0 <= layer < num_layers:
+        raise ValueError(f"layer must be between 0 and {num_layers - 1}, got {layer}")
+    (result,) = generator.attention_maps([prompt], seed=seed)
+    tokens = result["tokens"]
+    if png:
+        from keras_transformer.visualization import plot_attention as plot
+
+        figure = plot(result["attention"][attention_map_name(DECODER_SELF, layer)], tokens, tokens, heads=heads,
+                      title=f"self-attention, layer {layer}: {result['text']}")
+        figure.savefig(png)
+    if html:
+        from keras_transformer.visualization import write_explorer
+
+        maps = [(DECODER_SELF, index, TEXT_SIDE, TEXT_SIDE, result["attention"][attention_map_name(DECODER_SELF, index)])
+                for index in range(num_layers)]
+        write_explorer(html, {"prompt": prompt, "text": result["text"]}, {TEXT_SIDE: tokens}, maps,
+                       title=f"Attention: {prompt}", run="text")
+    return result["text"]
+
+
+def export(run_dir, export_base, version=None):
+    """Write the run's generator (its sampling settings) as `export_base/<version>/` for TensorFlow Serving."""
+    from keras_transformer.export import export_language_model, version_path
+
+    version_path(export_base, version)  # a taken version fails before the model is loaded
+    return export_language_model(load_generator(run_dir), export_base, version=version)
 
 
 def evaluate(run_dir, text_file=None, batch_size=32):
@@ -253,4 +304,5 @@ def evaluate(run_dir, text_file=None, batch_size=32):
     return scores
 
 
-__all__ = ["build_model", "evaluate", "generate", "load", "load_config", "load_texts", "make_batches", "train"]
+__all__ = ["build_model", "evaluate", "export", "generate", "load", "load_config", "load_generator",
+           "plot_attention", "load_texts", "make_batches", "train"]

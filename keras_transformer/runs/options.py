@@ -182,6 +182,8 @@ DEFAULTS = {
             "ema_momentum": None,
             "steps_per_epoch": None,
             "early_stopping": None,
+            # Prompts (the first words of validation texts) continued greedily each epoch for the Attention tab.
+            "attention_samples": 3,
             **_HOW_TRAINING_RUNS,
         },
         "evaluation": {"temperature": 1.0, "top_k": None, "top_p": None, "max_new_tokens": 60},
@@ -327,7 +329,7 @@ OPTIONS = (
     Option("training", "jit_compile", bool, "compile the training step with XLA", tasks=_TRANSLATION),
     Option("training", "seed", int, "the seed of every random choice"),
     Option("training", "attention_samples", int, "validation examples whose attention goes to TensorBoard",
-           tasks=(TRANSLATION, CLASSIFICATION)),
+           tasks=(TRANSLATION, CLASSIFICATION, LANGUAGE_MODEL)),
     Option("training", "bleu_samples", int, "validation pairs for the per-epoch BLEU in TensorBoard",
            tasks=_TRANSLATION),
     Option("training", "projector_samples", int, "validation texts whose [CLS] embeddings go to TensorBoard",

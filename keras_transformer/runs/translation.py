@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import time
 
-from keras_transformer import data, evaluation, inference, models, saving
+from keras_transformer import data, evaluation, inference, models
 from keras_transformer.models.multi_worker import spans_workers
 from keras_transformer.runs import run_dir as runs
 from keras_transformer.runs.options import DEFAULTS, TRANSLATION, TRANSLATION_DATASETS
@@ -426,19 +426,9 @@ def plot_attention_with_export(path, sentence, html):
 
 
 def _write_explorer(path, sentence, translation, tokens, maps):
-    from keras_transformer.tensorboard_plugin import page_data
-    from keras_transformer.visualization import explorer_html
+    from keras_transformer.visualization import write_explorer
 
-    page = page_data.sample_page(
-        "sentence", 0, 0, {"source": sentence, "translation": translation}, tokens, maps
-    )
-    document = explorer_html(page_data.embedded([page]), title=f"Attention: {sentence}")
-    saving.replace_whole(path, lambda staging: _write_text(staging, document))
-
-
-def _write_text(path, text):
-    with open(path, "w", encoding="utf-8") as file:
-        file.write(text)
+    write_explorer(path, {"source": sentence, "translation": translation}, tokens, maps, title=f"Attention: {sentence}")
 
 
 def translate_with_export(path, sentences, batch_size=64):

@@ -9,7 +9,7 @@ HTML file made for one sentence carries them inside
                                                   "kinds": {"cross": [0, 1], ...}}]}]}
     sample: {"run": NAME, "sample": 0, "step": 2, "texts": {"source": ..., ...},
              "maps": [{"kind": "cross", "layer": 0, "queries": [TOKEN, ...], "keys": [TOKEN, ...],
-                       "weights": heads x queries x keys}]}
+                       "sides": ["target", "source"], "weights": heads x queries x keys}]}
 """
 
 from pathlib import Path
@@ -29,6 +29,7 @@ def sample_page(run, sample, step, texts, tokens, maps):
             "layer": int(layer),
             "queries": list(tokens.get(queries, [])),
             "keys": list(tokens.get(keys, [])),
+            "sides": [queries, keys],
             # A diverged epoch's NaN would make the JSON unreadable: drawn as 0.
             "weights": np.round(np.nan_to_num(np.asarray(weights, np.float32)), 4).tolist(),
         }

@@ -27,9 +27,11 @@ The file holds three things the browser needs:
 import html
 import json
 
+from keras_transformer import saving
+
 # explorer.js and explorer.css live with the TensorBoard plugin, which serves
 # them as they are; this page copies them in.
-from keras_transformer.tensorboard_plugin.page_data import SCRIPT, STATIC, STYLE
+from keras_transformer.tensorboard_plugin.page_data import SCRIPT, STATIC, STYLE, embedded, sample_page
 
 
 def _json_for_script(data):
@@ -88,3 +90,21 @@ def explorer_html(data, title="Attention"):
 </body>
 </html>
 """
+
+
+def write_explorer(path, texts, tokens, maps, title, run="sentence"):
+    """One text's attention maps as an explorer page at `path`, replaced whole (a kill leaves the old file or the new).
+
+    Args:
+        texts: `{name: text}` shown beside the maps ("source", "translation"; "prompt", "text").
+        tokens, maps: by side, as for `tensorboard_plugin.summaries.write_sample`.
+        title: the page's title.
+        run: the name the page's run menu shows.
+    """
+    document = explorer_html(embedded([sample_page(run, 0, 0, texts, tokens, maps)]), title=title)
+
+    def write(staging):
+        with open(staging, "w", encoding="utf-8") as file:
+            file.write(document)
+
+    saving.replace_whole(path, write)

@@ -17,7 +17,7 @@
  *             "kinds": {"cross": [0, 1], ...}}]}]}          (kind -> layers)
  *   SAMPLE = {"run", "sample", "step", "texts": {"source": "...", ...},
  *             "maps": [{"kind", "layer", "queries": [...], "keys": [...],
- *                       "weights": heads x queries x keys}]}
+ *                       "sides": [query side, key side], "weights": heads x queries x keys}]}
  *
  * and from one of two sources:
  *
@@ -59,6 +59,14 @@ const COLUMN_TITLES = {
   cls: ["query", "keys (sentence)"],
   pooling: ["pooled vector", "tokens (sentence)"],
 };
+
+// A map's column titles: its kind's, naming the sides the map says its tokens
+// are from (a language model's decoder self-attention is over "text", not "target").
+function columnTitles(map) {
+  const titles = COLUMN_TITLES[map.kind] ?? ["queries", "keys"];
+  if (!map.sides) return titles;
+  return titles.map((title, axis) => title.replace(/\((source|target)\)/, `(${map.sides[axis]})`));
+}
 
 const MIN_LINK_WEIGHT = 0.01;   // lighter lines would be invisible anyway
 const MAX_TOKEN_CHARS = 24;     // longer tokens are cut, with "…"
@@ -485,7 +493,7 @@ function drawHeadView(map) {
     }));
   });
 
-  const [queryTitle, keyTitle] = COLUMN_TITLES[map.kind] ?? ["queries", "keys"];
+  const [queryTitle, keyTitle] = columnTitles(map);
   const tokens = svg("g", { class: "tokens" },
     ...queries.map((token, i) => tokenText(token, "query", i, queryRight, queryY(i), "end")),
     ...keys.map((token, j) => tokenText(token, "key", j, keyLeft, keyY(j), "start")));
