@@ -7,6 +7,7 @@ require_tensorflow("keras_transformer.inference", "its searches run the model in
 from keras_transformer.inference.search import beam_search, greedy_search, higher_scoring, length_penalty, num_steps
 from keras_transformer.inference.sampling import filter_logits, sample
 from keras_transformer.inference.steps import (
+    language_model_prefill,
     language_model_step,
     output_limits,
     score_sequences,
@@ -23,6 +24,7 @@ __all__ = [
     "filter_logits",
     "greedy_search",
     "higher_scoring",
+    "language_model_prefill",
     "language_model_step",
     "length_penalty",
     "num_steps",

@@ -13,7 +13,7 @@ settings may be tensors, which is how the export takes them per request.
 import tensorflow as tf
 
 from keras_transformer.inference.sampling import sample
-from keras_transformer.inference.steps import language_model_step
+from keras_transformer.inference.steps import language_model_prefill, language_model_step
 
 
 def settings_rules(temperature, top_k, top_p, max_new_tokens, max_length):
@@ -106,6 +106,7 @@ class Generator(tf.Module):
             step_fn, cache, prompts, prompt_lengths, max_new_tokens, tokenizer.end_id, seed=seed,
             temperature=settings["temperature"], top_k=settings["top_k"], top_p=settings["top_p"],
             never=(tokenizer.pad_id, tokenizer.start_id), cache_batch_axis=1,
+            prefill_fn=language_model_prefill(self.model),
         )
         # The sampler's buffer has room for the longest allowed text; keep the columns used.
         tokens = tokens[:, : tf.reduce_max(tf.concat([lengths, [1]], axis=0))]

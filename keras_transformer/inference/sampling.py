@@ -12,7 +12,8 @@ distribution instead, reshaped by three settings:
 
 The sampler drives the same step function as the searches,
 `step_fn(tokens, cache, index) -> (logits, cache)`: at position t it feeds
-every row its token t and gets the logits of token t + 1. Prompts of
+every row its token t and gets the logits of token t + 1 (the positions all
+prompts share are read into the cache first, in one pass). Prompts of
 different lengths come right-padded in one batch: while a row is inside its
 prompt, its next token is the prompt's (the step only fills the cache); after
 it, the token is drawn. So each row's text is what it would be alone, and one
@@ -71,6 +72,7 @@ def sample(
     top_p=None,
     never=(0,),
     cache_batch_axis=0,
+    prefill_fn=None,
 ):
     """Continue each prompt with tokens drawn from the model.
 
@@ -87,6 +89,10 @@ def sample(
             Each a Python number or a scalar tensor.
         never: ids never drawn (padding; a [START] token).
         cache_batch_axis: the rows' axis in every cache tensor.
+        prefill_fn: `(tokens, cache) -> cache`, filling the cache with a
+            `(rows, n)` block of tokens in one pass (`language_model_prefill`);
+            given, the tokens every prompt has (all but the shortest prompt's
+            last) go through the model at once instead of one step each.
 
     Returns:
         `(tokens, lengths)`: `(rows, width + max_new_tokens)` int32, each
@@ -128,7 +134,13 @@ def sample(
         finished = finished | (~in_prompt & (chosen == end_id)) | (next_position + 1 >= limits)
         return next_position, finished, cache, tokens
 
-    initial = (tf.constant(0), prompt_lengths + max_new_tokens <= 1, cache, tokens)
+    start = tf.constant(0)
+    if prefill_fn is not None:
+        # Positions before the shortest prompt's last token are prompt in every row:
+        # one pass fills their keys and values, and the loop starts at that last token.
+        start = tf.minimum(tf.reduce_min(prompt_lengths), width) - 1  # an empty batch's minimum is huge
+        cache = tf.cond(start > 0, lambda: prefill_fn(prompts[:, :start], cache), lambda: cache)
+    initial = (start, prompt_lengths + max_new_tokens <= 1, cache, tokens)
     _, _, _, tokens = tf.while_loop(
         not_done, one_step, initial, shape_invariants=_loop_shapes(initial, 2, cache_batch_axis)
     )

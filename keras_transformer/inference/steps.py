@@ -142,6 +142,23 @@ def language_model_step(model, batch_size, max_length, use_cache=True):
     return cached_step, [layer["self_attention"] for layer in model.build_cache(batch_size, max_length)]
 
 
+def language_model_prefill(model):
+    """`prefill_fn(tokens, cache) -> cache` for `sampling.sample`: a block of prompt tokens into the cache at once.
+
+    The decoder writes the keys and values of all `(rows, n)` tokens at
+    positions 0..n-1 in one pass (its causal mask keeps each position to
+    the ones before it), which is what a prompt costs once rather than n
+    steps of one token each.
+    """
+
+    def prefill(tokens, cache):
+        layers = [{"self_attention": own} for own in cache]
+        _, layers = model.decode(tokens, cache=layers, cache_index=0)
+        return [layer["self_attention"] for layer in layers]
+
+    return prefill
+
+
 def cache_batch_axis(use_cache=True):
     """The rows' axis in the cache of `transformer_step(..., use_cache=use_cache)`."""
     return 1 if use_cache else 0
