@@ -26,8 +26,10 @@ setup(
     extras_require={
         # The gRPC client of examples/serving_client.py.
         "serving": ["tensorflow-serving-api~=2.21.0"],
+        # `export --format ctranslate2` and `translate --ctranslate2`: CTranslate2 as a deployment target.
+        "ctranslate2": ["ctranslate2>=4.5"],
         # playwright drives Debian's chromium in the attention explorer's test (no browser download).
-        # ctranslate2: the benchmark's converter is tested too. jax: the layer and model tests run on it too.
+        # ctranslate2: the CTranslate2 export is tested too. jax: the layer and model tests run on it too.
         "dev": [
             "pytest>=8", "pytest-xdist", "tensorflow-serving-api~=2.21.0", "playwright", "ctranslate2>=4.5", "jax>=0.4.36",
         ],

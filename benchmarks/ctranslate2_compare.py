@@ -3,8 +3,7 @@
     python benchmarks/ctranslate2_compare.py RUN_DIR [--sentences 256] [--batch-size 32] [--check 200]
 
 1. Convert: the run's `Transformer` and vocabulary to a CTranslate2 model
-   (`to_ctranslate2`, benchmark-only: the original post-norm architecture
-   with ReLU and sinusoidal positions; anything else is refused by name).
+   (the package's converter, `keras_transformer.export.ctranslate2`).
 2. Check: greedy translations of the first `--check` validation sentences,
    ours in float32 and CTranslate2's in float32, token for token.
 3. Time: greedy and beam 4, batches of `--batch-size` over the first
@@ -28,8 +27,6 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 THREADS = 2
@@ -39,91 +36,18 @@ THREADS = 2
 
 
 def to_ctranslate2(model, source_vocab, target_vocab, out_dir, quantization=None):
-    """Write `model` (a float32 `keras_transformer.models.Transformer`) as a CTranslate2 model in `out_dir`.
+    """Write `model` as a CTranslate2 model in `out_dir` with the package's converter; returns CTranslate2's version.
 
-    Our weights map one to one onto CTranslate2's `TransformerSpec` with
-    `pre_norm=False`: Keras kernels are (in, out), CTranslate2's linear
-    weights (out, in); a self-attention's Q, K and V are one fused linear
-    (Q, K, V stacked), a cross-attention's K and V another. Two settings do
-    not default to ours and are given: LayerNorm's epsilon (1e-6, its
-    default is 1e-5) and the position table (ours interleaves sines and
-    cosines from position 0; its own table concatenates them from 1).
+    The converter is `keras_transformer.export.ctranslate2.model_spec` (what
+    `keras-transformer export --format ctranslate2` writes, tested in
+    tests/test_ctranslate2.py); here without the tokenizers, which the
+    timing leaves out.
     """
     import ctranslate2
-    from ctranslate2.specs import common_spec, transformer_spec
 
-    from keras_transformer.layers.positional import positional_encoding
+    from keras_transformer.export.ctranslate2 import model_spec
 
-    unsupported = {
-        "norm_first": model.norm_first, "position": model.position != "sinusoidal",
-        "activation": model.activation != "relu", "sliding_window": model.sliding_window is not None,
-        "cross_attention_window": model.cross_attention_window is not None,
-    }
-    unsupported = [name for name, value in unsupported.items() if value]
-    if unsupported:
-        raise ValueError(f"the converter handles the original architecture only; this model sets {unsupported}")
-
-    def array(variable):
-        return np.array(variable.numpy(), dtype=np.float32)  # a copy: int8 quantizes in place
-
-    def linear(spec, kernel, bias):
-        spec.weight = np.ascontiguousarray(kernel.T)
-        spec.bias = bias
-
-    def norm(spec, layer):
-        spec.gamma, spec.beta = array(layer.gamma), array(layer.beta)
-
-    def attention(spec, sublayer, fused_query):
-        weights = sublayer.attention
-        d_model = weights.output_dim
-        query = array(weights.query_kernel).reshape(d_model, -1)
-        key_value = array(weights.key_value_kernel).reshape(d_model, 2, -1)
-        query_bias = array(weights.query_bias).reshape(-1)
-        key_value_bias = array(weights.key_value_bias).reshape(2, -1)
-        output = array(weights.output_kernel).reshape(-1, d_model)
-        kernels = [query, key_value[:, 0], key_value[:, 1]]
-        biases = [query_bias, key_value_bias[0], key_value_bias[1]]
-        if fused_query:  # self-attention: one linear for Q, K and V
-            linear(spec.linear[0], np.concatenate(kernels, axis=1), np.concatenate(biases))
-            linear(spec.linear[1], output, array(weights.output_bias))
-        else:  # cross-attention: Q from the decoder, K and V from the encoder's output
-            linear(spec.linear[0], query, query_bias)
-            linear(spec.linear[1], np.concatenate(kernels[1:], axis=1), np.concatenate(biases[1:]))
-            linear(spec.linear[2], output, array(weights.output_bias))
-        norm(spec.layer_norm, sublayer.norm)
-
-    def feed_forward(spec, sublayer):
-        network = sublayer.feed_forward
-        linear(spec.linear_0, array(network.hidden.kernel), array(network.hidden.bias))
-        linear(spec.linear_1, array(network.projection.kernel), array(network.projection.bias))
-        norm(spec.layer_norm, sublayer.norm)
-
-    spec = transformer_spec.TransformerSpec.from_config(
-        model.num_layers, model.num_heads, pre_norm=False, activation=common_spec.Activation.RELU
-    )
-    spec.config.layer_norm_epsilon = model.epsilon
-    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = "[UNK]", "[START]", "[END]"
-    spec.config.decoder_start_token = "[START]"
-    positions = positional_encoding(model.max_length, model.d_model)
-    spec.encoder.embeddings[0].weight = array(model.encoder.embedding.token_embedding.embeddings)
-    spec.decoder.embeddings.weight = array(model.decoder.embedding.token_embedding.embeddings)
-    spec.encoder.position_encodings.encodings = positions
-    spec.decoder.position_encodings.encodings = positions.copy()
-    for layer_spec, layer in zip(spec.encoder.layer, model.encoder.encoder_layers):
-        attention(layer_spec.self_attention, layer.self_attention, fused_query=True)
-        feed_forward(layer_spec.ffn, layer.feed_forward)
-    for layer_spec, layer in zip(spec.decoder.layer, model.decoder.decoder_layers):
-        attention(layer_spec.self_attention, layer.self_attention, fused_query=True)
-        attention(layer_spec.attention, layer.cross_attention_block, fused_query=False)
-        feed_forward(layer_spec.ffn, layer.feed_forward)
-    if model.tie_output:
-        spec.decoder.projection.weight = array(model.decoder.embedding.token_embedding.embeddings)
-        spec.decoder.projection.bias = array(model.output_bias)
-    else:
-        linear(spec.decoder.projection, array(model.output_projection.kernel), array(model.output_projection.bias))
-    spec.register_source_vocabulary(list(source_vocab))
-    spec.register_target_vocabulary(list(target_vocab))
-    spec.validate()
+    spec = model_spec(model, source_vocab, target_vocab)
     spec.optimize(quantization=quantization)
     os.makedirs(out_dir, exist_ok=True)
     spec.save(out_dir)

@@ -129,6 +129,9 @@ def build_parser():
     translate.add_argument(
         "--saved-model", metavar="EXPORT", help="translate with an export (a version directory or its base)"
     )
+    translate.add_argument(
+        "--ctranslate2", metavar="DIR", help="translate with a CTranslate2 export (export --format ctranslate2)"
+    )
     translate.set_defaults(handler=_translate)
 
     classify = commands.add_parser(
@@ -140,7 +143,14 @@ def build_parser():
 
     export = commands.add_parser("export", help="export a run as a SavedModel for TensorFlow Serving")
     export.add_argument("run_dir")
-    export.add_argument("export_base", help="the directory TensorFlow Serving watches; writes EXPORT_BASE/N/")
+    export.add_argument(
+        "export_base",
+        help="the directory TensorFlow Serving watches (writes EXPORT_BASE/N/); with --format ctranslate2, a new directory",
+    )
+    export.add_argument("--format", choices=["saved_model", "ctranslate2"], default="saved_model",
+                        help="translation: a SavedModel (default) or a CTranslate2 model with our tokenizers")
+    export.add_argument("--quantization", choices=["int8", "int8_float32", "int8_float16", "int8_bfloat16", "float16",
+                                                   "bfloat16"], help="--format ctranslate2: how its weights are stored")
     export.add_argument("--version", type=int, help="N (default: one more than the highest there)")
     export.add_argument("--beam-size", type=int, help="translation: default the run's evaluation setting")
     export.add_argument("--length-penalty", type=float, metavar="ALPHA", help="translation: default the run's (0.6)")
@@ -374,6 +384,18 @@ def _lines_from_stdin():
 
 def _translate(arguments):
     sentences = arguments.sentences
+    if arguments.saved_model and arguments.ctranslate2:
+        raise ValueError("give --saved-model or --ctranslate2, not both")
+    if arguments.ctranslate2:
+        # No run directory with an export: the first positional is a sentence.
+        sentences = ([arguments.run_dir] if arguments.run_dir else []) + sentences
+        from keras_transformer.runs import translation
+
+        for translated in translation.translate_with_ctranslate2(
+            arguments.ctranslate2, sentences or _lines_from_stdin(), arguments.beam_size
+        ):
+            print(translated)
+        return
     if arguments.saved_model:
         # No run directory with an export: the first positional is a sentence.
         if arguments.beam_size:
@@ -414,6 +436,19 @@ def _export(arguments):
     from keras_transformer.runs import task_module
 
     task = _task_of(arguments.run_dir, "export", (options.TRANSLATION, options.CLASSIFICATION, options.LANGUAGE_MODEL))
+    if arguments.quantization and arguments.format != "ctranslate2":
+        raise ValueError("--quantization is for --format ctranslate2")
+    if arguments.format == "ctranslate2":
+        if task != options.TRANSLATION or arguments.version:
+            raise ValueError("--format ctranslate2 exports a translation run, to a new directory (no --version)")
+        path = task_module(task).export_ctranslate2(
+            arguments.run_dir, arguments.export_base, quantization=arguments.quantization,
+            beam_size=arguments.beam_size, length_alpha=arguments.length_penalty,
+            max_output_length=arguments.max_output_length,
+        )
+        print(f"exported CTranslate2 model: {path}")
+        print(f"try it:     keras-transformer translate --ctranslate2 {path} \"...\"")
+        return
     if task == options.TRANSLATION:
         path = task_module(task).export(
             arguments.run_dir,
@@ -558,7 +593,8 @@ def main(argv=None):
 
     try:
         arguments.handler(arguments)
-    except (ValueError, FileNotFoundError, FileExistsError) as error:
+    except (ValueError, FileNotFoundError, FileExistsError, ImportError) as error:
+        # ImportError: an optional extra that is not installed (its message says which).
         print(f"keras-transformer: error: {error}", file=sys.stderr)
         return 2
     except TrainingInterrupted as error:

@@ -13,6 +13,7 @@ their defaults are `options`'.
 
 import dataclasses
 import logging
+import os
 import time
 
 from keras_transformer import data, evaluation, inference, models
@@ -362,6 +363,26 @@ def export(run_dir, export_base, version=None, beam_size=None, length_alpha=None
         run_dir, beam_size=beam_size, length_alpha=length_alpha, max_output_length=max_output_length
     )
     return export_translator(translator, export_base, version=version)
+
+
+def export_ctranslate2(run_dir, out_dir, quantization=None, beam_size=None, length_alpha=None,
+                       max_output_length=None):
+    """Write the run's translator as a CTranslate2 model directory (`export.ctranslate2`); returns its path."""
+    from keras_transformer.export.ctranslate2 import export_ctranslate2 as export_to
+
+    if os.path.exists(out_dir):  # before the model is loaded
+        raise FileExistsError(f"{out_dir} already exists: pick another directory or remove it first")
+    translator = load_translator(
+        run_dir, beam_size=beam_size, length_alpha=length_alpha, max_output_length=max_output_length
+    )
+    return export_to(translator, out_dir, quantization=quantization)
+
+
+def translate_with_ctranslate2(model_dir, sentences, beam_size=None):
+    """Translate with a CTranslate2 export (`export --format ctranslate2`)."""
+    from keras_transformer.export.ctranslate2 import CTranslate2Translator
+
+    return CTranslate2Translator(model_dir).translate(sentences, beam_size=beam_size)
 
 
 def plot_attention(run_dir, sentence, png=None, html=None, kind="cross", layer=None, beam_size=None, heads=None):

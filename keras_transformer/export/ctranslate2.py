@@ -1,0 +1,262 @@
+"""A trained translator as a CTranslate2 model: the other road to production, for CPU inference speed.
+
+CTranslate2 is the inference engine OpenNMT-tf and Marian users deploy
+with: a few fused C++ kernels per layer, int8 weights, no TensorFlow at
+serving time. `export_ctranslate2` writes our `Transformer` in its format,
+and beside it what is needed to turn text into its tokens and back:
+
+    OUT/model.bin, config.json, source_vocabulary.json, target_vocabulary.json   (CTranslate2's)
+    OUT/tokenizers/source/, OUT/tokenizers/target/                               (our WordPiece tokenizers)
+    OUT/keras_transformer.json                        (decoding settings, sizes, quantization)
+
+`CTranslate2Translator(OUT)` translates text with it: our tokenizer makes
+the source's pieces ([START] ... [END], cut to the model's `max_length` as
+ours are), CTranslate2 decodes them, our detokenizer makes the text.
+
+The weights map one to one onto CTranslate2's `TransformerSpec`: Keras
+kernels are (in, out) and its linear weights (out, in); a self-attention's
+Q, K and V are one fused linear, a cross-attention's K and V another. Two
+settings that do not default to ours are given: LayerNorm's epsilon (1e-6;
+its default is 1e-5) and the position table (ours, sinusoidal or learned,
+from position 0). What CTranslate2 cannot run (sliding-window or predictive
+local attention) is refused by name.
+
+Greedy search gives our translations token for token (tested). Beam search
+differs in one rule: CTranslate2 divides a hypothesis' log-probability by
+length^alpha, we by GNMT's ((5 + length) / 6)^alpha, so beam outputs can
+differ where hypotheses are close.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+
+from keras_transformer.text import WordPieceTokenizer
+
+SETTINGS = "keras_transformer.json"
+TOKENIZERS = "tokenizers"
+QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "float16", "bfloat16")
+# Our feed-forward activations and CTranslate2's names for them.
+_ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "silu": "SWISH", "swish": "SWISH"}
+
+
+def _require_ctranslate2():
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        raise ImportError("CTranslate2 is an optional extra: pip install 'keras-transformer[ctranslate2]'") from None
+
+
+def check_convertible(model):
+    """A ValueError naming what of `model` CTranslate2 cannot run (nothing: it converts)."""
+    if model.activation not in _ACTIVATIONS:
+        raise ValueError(f"CTranslate2 has no {model.activation!r} activation; it runs {sorted(_ACTIVATIONS)}")
+    local = [name for name in ("sliding_window", "cross_attention_window") if getattr(model, name) is not None]
+    if local:
+        raise ValueError(f"CTranslate2 cannot run local attention ({', '.join(local)}); export a SavedModel instead")
+
+
+def model_spec(model, source_vocab, target_vocab):
+    """CTranslate2's `TransformerSpec` of `model` (a float32 `keras_transformer.models.Transformer`), validated."""
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    check_convertible(model)
+
+    def array(variable):
+        return np.array(variable.numpy(), dtype=np.float32)  # a copy: quantization works in place
+
+    def linear(spec, kernel, bias):
+        spec.weight = np.ascontiguousarray(kernel.T)
+        spec.bias = bias
+
+    def norm(spec, layer):
+        spec.gamma, spec.beta = array(layer.gamma), array(layer.beta)
+
+    def attention(spec, sublayer, fused_query):
+        weights = sublayer.attention
+        d_model = weights.output_dim
+        query = array(weights.query_kernel).reshape(d_model, -1)
+        key_value = array(weights.key_value_kernel).reshape(d_model, 2, -1)
+        query_bias = array(weights.query_bias).reshape(-1)
+        key_value_bias = array(weights.key_value_bias).reshape(2, -1)
+        output = array(weights.output_kernel).reshape(-1, d_model)
+        kernels = [query, key_value[:, 0], key_value[:, 1]]
+        biases = [query_bias, key_value_bias[0], key_value_bias[1]]
+        if fused_query:  # self-attention: one linear for Q, K and V
+            linear(spec.linear[0], np.concatenate(kernels, axis=1), np.concatenate(biases))
+            linear(spec.linear[1], output, array(weights.output_bias))
+        else:  # cross-attention: Q from the decoder, K and V from the encoder's output
+            linear(spec.linear[0], query, query_bias)
+            linear(spec.linear[1], np.concatenate(kernels[1:], axis=1), np.concatenate(biases[1:]))
+            linear(spec.linear[2], output, array(weights.output_bias))
+        norm(spec.layer_norm, sublayer.norm)
+
+    def feed_forward(spec, sublayer):
+        network = sublayer.feed_forward
+        linear(spec.linear_0, array(network.hidden.kernel), array(network.hidden.bias))
+        linear(spec.linear_1, array(network.projection.kernel), array(network.projection.bias))
+        norm(spec.layer_norm, sublayer.norm)
+
+    def positions(stack):
+        embedding = stack.embedding.position_embedding
+        if model.position == "learned":
+            return array(embedding.position_embeddings)
+        from keras_transformer.layers.positional import positional_encoding
+
+        return np.array(positional_encoding(model.max_length, model.d_model), np.float32)
+
+    spec = transformer_spec.TransformerSpec.from_config(
+        model.num_layers, model.num_heads, pre_norm=model.norm_first,
+        activation=getattr(common_spec.Activation, _ACTIVATIONS[model.activation]),
+    )
+    spec.config.layer_norm_epsilon = model.epsilon
+    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = "[UNK]", "[START]", "[END]"
+    spec.config.decoder_start_token = "[START]"
+    spec.encoder.embeddings[0].weight = array(model.encoder.embedding.embeddings)
+    spec.decoder.embeddings.weight = array(model.decoder.embedding.embeddings)
+    spec.encoder.position_encodings.encodings = positions(model.encoder)
+    spec.decoder.position_encodings.encodings = positions(model.decoder)
+    for layer_spec, layer in zip(spec.encoder.layer, model.encoder.encoder_layers):
+        attention(layer_spec.self_attention, layer.self_attention, fused_query=True)
+        feed_forward(layer_spec.ffn, layer.feed_forward)
+    for layer_spec, layer in zip(spec.decoder.layer, model.decoder.decoder_layers):
+        attention(layer_spec.self_attention, layer.self_attention, fused_query=True)
+        attention(layer_spec.attention, layer.cross_attention_block, fused_query=False)
+        feed_forward(layer_spec.ffn, layer.feed_forward)
+    if model.norm_first:  # pre-LN stacks end with a LayerNorm
+        norm(spec.encoder.layer_norm, model.encoder.final_norm)
+        norm(spec.decoder.layer_norm, model.decoder.final_norm)
+    if model.tie_output:
+        spec.decoder.projection.weight = array(model.decoder.embedding.embeddings)
+        spec.decoder.projection.bias = array(model.output_bias)
+    else:
+        linear(spec.decoder.projection, array(model.output_projection.kernel), array(model.output_projection.bias))
+    spec.register_source_vocabulary(list(source_vocab))
+    spec.register_target_vocabulary(list(target_vocab))
+    spec.validate()
+    return spec
+
+
+def export_ctranslate2(translator, out_dir, quantization=None):
+    """Write `translator`'s model, tokenizers and settings as a CTranslate2 model directory `out_dir`.
+
+    Args:
+        translator: a `keras_transformer.inference.Translator` (its beam size,
+            length penalty and output limits become the defaults of
+            `CTranslate2Translator`). A mixed-precision model is converted from
+            its float32 weights.
+        out_dir: a directory that does not exist yet (nothing is overwritten).
+        quantization: None (float32 weights), or one of `QUANTIZATIONS`:
+            CTranslate2 stores the weights so, and computes in that type.
+
+    Returns:
+        `out_dir`.
+
+    Example:
+    >>> export_ctranslate2(translator, "exports/ct2-int8", quantization="int8")
+    """
+    _require_ctranslate2()
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS} (or none), got {quantization!r}")
+    if os.path.exists(out_dir):
+        raise FileExistsError(f"{out_dir} already exists: pick another directory or remove it first")
+    import ctranslate2
+
+    model = translator.model
+    spec = model_spec(model, translator.source_tokenizer.vocab, translator.target_tokenizer.vocab)
+    spec.optimize(quantization=quantization)
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    # Written under a hidden name and renamed when whole: a kill leaves no half model at `out_dir`.
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}-incomplete-", dir=parent)
+    try:
+        spec.save(staging)
+        translator.source_tokenizer.save(os.path.join(staging, TOKENIZERS, "source"))
+        translator.target_tokenizer.save(os.path.join(staging, TOKENIZERS, "target"))
+        settings = {
+            "beam_size": translator.beam_size,
+            "length_alpha": translator.length_alpha,
+            "max_extra_length": translator.max_extra_length,
+            "max_output_length": translator.max_output_length,
+            "max_source_length": model.max_length,
+            "quantization": quantization or "float32",
+            "ctranslate2": ctranslate2.__version__,
+        }
+        with open(os.path.join(staging, SETTINGS), "w", encoding="utf-8") as file:
+            json.dump(settings, file, indent=2)
+        os.chmod(staging, 0o755)
+        os.rename(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir
+
+
+class CTranslate2Translator:
+    """Translate text with a directory written by `export_ctranslate2`.
+
+    Args:
+        model_dir: the directory.
+        compute_type: CTranslate2's ("default": what the export was quantized
+            to; "float32", "int8", ...).
+        threads: CPU threads for one batch.
+
+    Example:
+    >>> translator = CTranslate2Translator("exports/ct2")
+    >>> translator.translate(["Ein Mann fährt Fahrrad."])
+    """
+
+    def __init__(self, model_dir, compute_type="default", threads=0):
+        _require_ctranslate2()
+        import ctranslate2
+
+        settings_path = os.path.join(model_dir, SETTINGS)
+        if not os.path.isfile(settings_path):
+            raise FileNotFoundError(f"{model_dir} is not a CTranslate2 export of keras-transformer (no {SETTINGS})")
+        with open(settings_path, encoding="utf-8") as file:
+            self.settings = json.load(file)
+        self.source_tokenizer = WordPieceTokenizer.load(os.path.join(model_dir, TOKENIZERS, "source"))
+        self.target_tokenizer = WordPieceTokenizer.load(os.path.join(model_dir, TOKENIZERS, "target"))
+        self.translator = ctranslate2.Translator(
+            model_dir, device="cpu", compute_type=compute_type, inter_threads=1, intra_threads=threads
+        )
+
+    def source_tokens(self, texts):
+        """Each text's pieces as CTranslate2 reads them: [START] ... [END], cut to `max_source_length` keeping [END]."""
+        longest = self.settings["max_source_length"]
+        tokens = []
+        for ids in self.source_tokenizer.tokenize(list(texts)).to_list():
+            if len(ids) > longest:
+                ids = ids[: longest - 1] + ids[-1:]
+            tokens.append([self.source_tokenizer.vocab[token_id] for token_id in ids])
+        return tokens
+
+    def translate(self, texts, beam_size=None, batch_size=64):
+        """Python strings in, Python strings out (beam size default: the export's)."""
+        beam_size = beam_size or self.settings["beam_size"]
+        texts = list(texts)
+        target_index = {token: position for position, token in enumerate(self.target_tokenizer.vocab)}
+        translations = []
+        for start in range(0, len(texts), batch_size):
+            sources = self.source_tokens(texts[start : start + batch_size])
+            # As ours: each output at most its source's length plus max_extra_length, within the cap.
+            limits = [min(len(source) + self.settings["max_extra_length"], self.settings["max_output_length"])
+                      for source in sources]
+            results = self.translator.translate_batch(
+                sources, beam_size=beam_size, max_batch_size=batch_size,
+                length_penalty=self.settings["length_alpha"] if beam_size > 1 else 0,
+                max_decoding_length=max(limits), min_decoding_length=0,
+            )
+            # CTranslate2 has one limit per batch: a shorter source's output is cut to its own,
+            # which for greedy search is exactly what a search with that limit writes.
+            ids = [[target_index[token] for token in result.hypotheses[0][:limit]] or [0]
+                   for result, limit in zip(results, limits)]
+            width = max(map(len, ids))
+            padded = np.array([row + [0] * (width - len(row)) for row in ids], "int32")
+            decoded = self.target_tokenizer.detokenize(padded).numpy()
+            # [START] and [END] alone: nothing to translate, as ours.
+            translations += [text.decode("utf-8") if len(source) > 2 else "" for text, source in zip(decoded, sources)]
+        return translations
