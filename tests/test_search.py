@@ -331,3 +331,33 @@ def test_searches_return_what_a_random_step_function_scores_them(cache_batch_axi
             for row, length in zip(tokens, lengths):
                 assert np.all(row[length:] == 0) and TOY_END not in row[: length - 1]
                 assert TOY_START not in row
+
+
+@pytest.mark.parametrize("length_alpha", [0.0, 0.6, 1.0, 2.0])
+def test_stopping_once_the_best_cannot_be_beaten_returns_the_same_in_fewer_steps(length_alpha):
+    # Random trigram tables: the early stop must return the very tokens and scores
+    # of running until every sentence has beam_size final hypotheses.
+    steps = {True: 0, False: 0}
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        vocab = int(rng.integers(6, 12))
+        table = rng.dirichlet(np.full(vocab, 0.3), size=(vocab, vocab)).astype(np.float32)
+        first = rng.integers(0, vocab, 4).tolist()
+        max_lengths = rng.integers(6, 16, 4).tolist()
+        for beams in (2, 4):
+            found = {}
+            for stop_early in (True, False):
+                counted = toy_step(table)
+
+                def step_fn(tokens, cache, index, counted=counted, stop_early=stop_early):
+                    steps[stop_early] += 1
+                    return counted(tokens, cache, index)
+
+                found[stop_early] = beam_search(  # eager: the loop runs in Python, each step counted
+                    step_fn, toy_cache(first, beams), TOY_START, TOY_END, max_lengths, beam_size=beams,
+                    length_alpha=length_alpha, stop_early=stop_early,
+                )
+            np.testing.assert_array_equal(found[True][0].numpy(), found[False][0].numpy())
+            np.testing.assert_allclose(found[True][1].numpy(), found[False][1].numpy(), rtol=1e-6)
+    # A strong length reward (alpha 2) keeps long hypotheses hopeful: no earlier stop to prove.
+    assert steps[True] < steps[False] if length_alpha <= 1 else steps[True] <= steps[False], steps
