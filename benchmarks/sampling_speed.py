@@ -16,7 +16,7 @@ float32 on the TensorFlow backend:
   stop_token_ids=None)` with its sampler compiled in, as keras-hub compiles
   it by default on TensorFlow (`tf.function(jit_compile=...)`: XLA unless
   the model was compiled with `jit_compile=False`); `--keras-hub-no-xla`
-  adds a row without XLA.
+  adds a row without XLA, `--ours-xla` one of ours under XLA.
 
 Neither stops early: random weights never pick a stop token on purpose, and
 keras-hub is given no stop token. A call is timed after one warm-up call
@@ -50,7 +50,7 @@ def prompts(batch, length, vocab_size, seed=0):
     return np.random.default_rng(seed).integers(10, vocab_size, (batch, length)).astype("int32")
 
 
-def ours(size, batch, prompt_length, new_tokens, mode):
+def ours(size, batch, prompt_length, new_tokens, mode, jit_compile=False):
     import keras_transformer as kt
     from keras_transformer.inference import language_model_prefill, language_model_step, sample
 
@@ -60,7 +60,7 @@ def ours(size, batch, prompt_length, new_tokens, mode):
     settings = dict(temperature=0) if mode == "greedy" else dict(temperature=1.0, top_k=50, seed=1)
     lengths = tf.fill([batch], prompt_length)
 
-    @tf.function
+    @tf.function(jit_compile=jit_compile)
     def generate(token_ids):
         step_fn, cache = language_model_step(model, batch, prompt_length + new_tokens)
         # End id -1: no token ends a text, as keras-hub is given no stop token.
@@ -114,8 +114,11 @@ def main():
     parser.add_argument("--new", type=int, default=64, help="new tokens per row")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--keras-hub-no-xla", action="store_true", help="also time keras-hub without XLA")
+    parser.add_argument("--ours-xla", action="store_true", help="also time ours compiled with XLA")
     arguments = parser.parse_args()
     contenders = {"ours": ours, "keras_hub": keras_hub_contender}
+    if arguments.ours_xla:
+        contenders["ours_xla"] = lambda *args: ours(*args, jit_compile=True)
     if arguments.keras_hub_no_xla:
         contenders["keras_hub_no_xla"] = lambda *args: keras_hub_contender(*args, jit_compile=False)
     summary = []

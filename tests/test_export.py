@@ -61,13 +61,12 @@ np.savez(
     out_path,
     translation=served["translation"].numpy(), score=served["score"].numpy(),
     signature_names=np.array(sorted(loaded.signatures)),
-    op_types=np.array(sorted(op_types)), unregistered=np.array(unregistered, dtype=str),
     attention_translation=attention["translation"].numpy(), cross_attention=attention["cross_attention"].numpy(),
     source_tokens=attention["source_tokens"].numpy(), target_tokens=attention["target_tokens"].numpy(),
     empty_shapes=np.array([empty["translation"].shape[0], empty["score"].shape[0]]),
     logits=logits.numpy(), keras_logits=np.asarray(keras_logits),
     source_ids=source_ids, target_ids=target_ids,
-    modules=np.array(sorted(name for name in sys.modules if name.split(".")[0] == "keras_transformer")),
+    **export_facts(),
 )
 """
 

@@ -95,8 +95,7 @@ np.savez(
     **{f"again_{name}": value.numpy() for name, value in again.items()},
     empty_shapes=np.array(json.dumps({name: list(value.shape) for name, value in empty.items()})),
     refusals=np.array(json.dumps(refusals)),
-    op_types=np.array(sorted(op_types)), unregistered=np.array(unregistered, dtype=str),
-    modules=np.array(sorted(name for name in sys.modules if name.split(".")[0] == "keras_transformer")),
+    **export_facts(),
 )
 """
 
