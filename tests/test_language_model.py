@@ -101,6 +101,20 @@ def test_prompts_of_different_lengths_continue_as_each_would_alone(model):
     assert together == alone
 
 
+def test_draws_follow_the_softmax_of_the_filtered_logits():
+    # 20,000 rows of the same logits, one draw each: the frequencies are the probabilities.
+    rows = 20_000
+    logits = tf.math.log(tf.tile([[0.5, 0.3, 0.2, 1e-12]], [rows, 1]))
+    step_fn = lambda tokens, cache, index: (logits, cache)  # noqa: E731
+    tokens, _ = sample(step_fn, tf.zeros([rows, 1]), tf.fill([rows, 1], 2), tf.ones([rows], tf.int32), 1, END,
+                       seed=5, never=())
+    frequencies = np.bincount(tokens.numpy()[:, 1], minlength=4) / rows
+    np.testing.assert_allclose(frequencies, [0.5, 0.3, 0.2, 0.0], atol=0.015)
+    top_2, _ = sample(step_fn, tf.zeros([rows, 1]), tf.fill([rows, 1], 2), tf.ones([rows], tf.int32), 1, END,
+                      seed=5, never=(), top_k=2)
+    np.testing.assert_allclose(np.bincount(top_2.numpy()[:, 1], minlength=4) / rows, [0.625, 0.375, 0, 0], atol=0.015)
+
+
 def test_top_k_1_and_a_tiny_top_p_are_greedy_and_end_stops_a_text():
     logits = tf.constant([[0.0, 3.0, 1.0, 2.0], [5.0, 1.0, 4.0, 0.0]])
     np.testing.assert_array_equal(filter_logits(logits, top_k=2) > -1e8, [[0, 1, 0, 1], [1, 0, 1, 0]])

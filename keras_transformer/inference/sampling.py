@@ -20,8 +20,9 @@ it, the token is drawn. So each row's text is what it would be alone, and one
 loop both reads the prompts into the cache and writes. A row stops at [END]
 or after `max_new_tokens`.
 
-The draws are `tf.random.stateless_categorical` with the seed `(seed, t)` at
-position t: the same seed and batch give the same text, in a graph or out.
+Each draw is seeded with `(seed, t)` at position t (the Gumbel-max trick on
+stateless uniform noise, `_draw`): the same seed and batch give the same
+text, in a graph or out, and under XLA.
 """
 
 import tensorflow as tf
@@ -122,9 +123,7 @@ def sample(
             # A tensor temperature may still be 0 at run time: divide by 1 then, and keep the argmax.
             scale = tf.where(temperature > 0, tf.cast(temperature, tf.float32), 1.0)
             filtered = filter_logits(logits, scale, top_k, top_p)
-            sampled = tf.random.stateless_categorical(
-                filtered, 1, seed=tf.stack([tf.cast(seed, tf.int64), tf.cast(position, tf.int64)]), dtype=tf.int32
-            )[:, 0]
+            sampled = _draw(filtered, tf.stack([tf.cast(seed, tf.int64), tf.cast(position, tf.int64)]))
             drawn = tf.where(temperature > 0, sampled, drawn)
         next_position = position + 1
         in_prompt = next_position < prompt_lengths
@@ -151,6 +150,19 @@ def sample(
     keep = (ended_before == 0) & (positions < limits[:, None])
     tokens = tf.where(keep, tokens, 0)
     return tokens, tf.reduce_sum(tf.cast(keep & (tokens != 0), tf.int32), axis=1)
+
+
+def _draw(logits, seed):
+    """One token per row, drawn with probabilities softmax(logits): the Gumbel-max trick.
+
+    argmax(logits + g) with g = -log(-log(u)), u uniform in (0, 1), picks
+    token i with probability softmax(logits)_i. Written so rather than with
+    `tf.random.stateless_categorical` because XLA compiles these ops (it has
+    no kernel for that one), and the draw is the same in a graph, eagerly or
+    compiled.
+    """
+    uniform = tf.random.stateless_uniform(tf.shape(logits), seed=seed, minval=1e-20, maxval=1.0)
+    return tf.argmax(logits - tf.math.log(-tf.math.log(uniform)), axis=-1, output_type=tf.int32)
 
 
 def _is_zero(temperature):
