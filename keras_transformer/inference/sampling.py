@@ -41,7 +41,11 @@ def filter_logits(logits, temperature=1.0, top_k=None, top_p=None):
     >>> filter_logits(tf.constant([[2.0, 1.0, 0.0]]), top_k=2)  # [[2.0, 1.0, -1e9]]
     """
     logits = tf.convert_to_tensor(logits, tf.float32) / tf.cast(temperature, tf.float32)
-    if top_k is not None:
+    if isinstance(top_k, int) and top_k > 0 and logits.shape[-1] is not None:
+        # A number known now: a fixed k, which XLA compiles to a partial sort (a tensor k costs a full one).
+        kth_largest = tf.math.top_k(logits, k=min(top_k, logits.shape[-1])).values[:, -1:]
+        logits = tf.where(logits < kth_largest, NEG_INF, logits)
+    elif top_k is not None and not isinstance(top_k, int):
         vocab = tf.shape(logits)[-1]
         top_k = tf.cast(top_k, tf.int32)
         k = tf.where(top_k > 0, tf.minimum(top_k, vocab), vocab)
