@@ -63,7 +63,7 @@ unregistered = sorted(op for op in op_types if op not in functions and op_def_re
 
 
 def export_facts():
-    """What the test checks of the export itself, for np.savez: its ops, and which of our modules got imported."""
+    # What the test checks of the export itself, for np.savez: its ops, and which of our modules got imported.
     return dict(
         op_types=np.array(sorted(op_types)), unregistered=np.array(unregistered, dtype=str),
         modules=np.array(sorted(name for name in sys.modules if name.split(".")[0] == "keras_transformer")),
