@@ -179,7 +179,7 @@ def build_parser():
     plot.add_argument("--layer", type=int, help="default: the last")
     plot.add_argument("--heads", type=int, nargs="+", help="default: all")
     plot.add_argument("--beam-size", type=int, help="translation: default the run's evaluation setting")
-    plot.add_argument("--seed", type=int, default=0, help="language model: the sampling seed")
+    plot.add_argument("--seed", type=int, help="language model: the sampling seed (default 0)")
     plot.set_defaults(handler=_plot_attention)
 
     average = commands.add_parser(
@@ -498,9 +498,11 @@ def _plot_attention(arguments):
 
             translated = language_model.plot_attention(
                 arguments.run_dir, arguments.sentence, png=arguments.out, html=arguments.html, layer=arguments.layer,
-                heads=arguments.heads, seed=arguments.seed,
+                heads=arguments.heads, seed=arguments.seed or 0,
             )
         else:
+            if arguments.seed is not None:
+                raise ValueError("--seed is for language-model runs: a translation is searched, not sampled")
             translated = translation.plot_attention(
                 arguments.run_dir, arguments.sentence, png=arguments.out, html=arguments.html,
                 kind=arguments.kind or "cross", layer=arguments.layer, beam_size=arguments.beam_size,

@@ -78,6 +78,10 @@ def test_the_converted_model_scores_and_translates_text_as_ours(architecture, tm
     ours = translator.translate(texts)
     assert converted.translate(texts, batch_size=8) == ours
     assert ours[-2] == "" and len(set(ours)) > 5  # an untrained model's outputs still depend on the source
+    # Beam search runs once per output limit: a sentence's translation does not depend on its batch.
+    beam = converted.translate(texts, beam_size=4, batch_size=8)
+    assert len(beam) == len(texts) and beam[-2] == ""
+    assert [converted.translate([text], beam_size=4)[0] for text in texts[:5]] == beam[:5]
 
 
 def test_what_ctranslate2_cannot_run_and_a_taken_directory_are_refused(tmp_path):
@@ -95,6 +99,15 @@ def test_what_ctranslate2_cannot_run_and_a_taken_directory_are_refused(tmp_path)
         export_ctranslate2(translator, str(tmp_path / "new"), quantization="int4")
     with pytest.raises(FileNotFoundError, match="not a CTranslate2 export"):
         CTranslate2Translator(str(taken))
+    # A damaged export: one ValueError naming the directory, not a traceback from CTranslate2.
+    damaged = export_ctranslate2(translator, str(tmp_path / "damaged"))
+    with open(f"{damaged}/model.bin", "r+b") as model_file:
+        model_file.truncate(100)
+    with pytest.raises(ValueError, match="is not a loadable CTranslate2 model"):
+        CTranslate2Translator(damaged)
+    (tmp_path / "damaged" / "keras_transformer.json").write_text("{}")
+    with pytest.raises(ValueError, match="is damaged: it lacks beam_size"):
+        CTranslate2Translator(damaged)
 
 
 @pytest.mark.slow

@@ -22,9 +22,10 @@ from position 0). What CTranslate2 cannot run (sliding-window or predictive
 local attention) is refused by name.
 
 Greedy search gives our translations token for token (tested). Beam search
-differs in one rule: CTranslate2 divides a hypothesis' log-probability by
-length^alpha, we by GNMT's ((5 + length) / 6)^alpha, so beam outputs can
-differ where hypotheses are close.
+differs in its rules: CTranslate2 divides a hypothesis' log-probability by
+length^alpha, we by GNMT's ((5 + length) / 6)^alpha; it stops on its own
+patience rule; and ours also follows the greedy path and keeps it where it
+scores better. Beam outputs can differ where hypotheses are close.
 """
 
 import json
@@ -34,6 +35,7 @@ import tempfile
 
 import numpy as np
 
+from keras_transformer.saving import first_line
 from keras_transformer.text import WordPieceTokenizer
 
 SETTINGS = "keras_transformer.json"
@@ -43,7 +45,7 @@ QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "float
 _ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "silu": "SWISH", "swish": "SWISH"}
 
 
-def _require_ctranslate2():
+def require_ctranslate2():
     try:
         import ctranslate2  # noqa: F401
     except ImportError:
@@ -158,7 +160,7 @@ def export_ctranslate2(translator, out_dir, quantization=None):
     Example:
     >>> export_ctranslate2(translator, "exports/ct2-int8", quantization="int8")
     """
-    _require_ctranslate2()
+    require_ctranslate2()
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS} (or none), got {quantization!r}")
     if os.path.exists(out_dir):
@@ -210,19 +212,29 @@ class CTranslate2Translator:
     """
 
     def __init__(self, model_dir, compute_type="default", threads=0):
-        _require_ctranslate2()
+        require_ctranslate2()
         import ctranslate2
 
         settings_path = os.path.join(model_dir, SETTINGS)
         if not os.path.isfile(settings_path):
             raise FileNotFoundError(f"{model_dir} is not a CTranslate2 export of keras-transformer (no {SETTINGS})")
-        with open(settings_path, encoding="utf-8") as file:
-            self.settings = json.load(file)
+        needed = ("beam_size", "length_alpha", "max_extra_length", "max_output_length", "max_source_length")
+        try:
+            with open(settings_path, encoding="utf-8") as file:
+                self.settings = json.load(file)
+            missing = [name for name in needed if name not in self.settings]
+        except (ValueError, TypeError) as error:  # not JSON, or not an object
+            raise ValueError(f"{settings_path} is damaged: {first_line(error)}") from None
+        if missing:
+            raise ValueError(f"{settings_path} is damaged: it lacks {', '.join(missing)}")
         self.source_tokenizer = WordPieceTokenizer.load(os.path.join(model_dir, TOKENIZERS, "source"))
         self.target_tokenizer = WordPieceTokenizer.load(os.path.join(model_dir, TOKENIZERS, "target"))
-        self.translator = ctranslate2.Translator(
-            model_dir, device="cpu", compute_type=compute_type, inter_threads=1, intra_threads=threads
-        )
+        try:
+            self.translator = ctranslate2.Translator(
+                model_dir, device="cpu", compute_type=compute_type, inter_threads=1, intra_threads=threads
+            )
+        except (RuntimeError, ValueError) as error:  # a missing or damaged model.bin, an unknown compute type
+            raise ValueError(f"{model_dir} is not a loadable CTranslate2 model: {first_line(error)}") from None
 
     def source_tokens(self, texts):
         """Each text's pieces as CTranslate2 reads them: [START] ... [END], cut to `max_source_length` keeping [END]."""
@@ -234,6 +246,34 @@ class CTranslate2Translator:
             tokens.append([self.source_tokenizer.vocab[token_id] for token_id in ids])
         return tokens
 
+    def _decode(self, sources, beam_size, batch_size):
+        """The best hypothesis (tokens, no [END]) of each source, each within its own output limit.
+
+        As ours: an output is at most its source's length plus
+        max_extra_length, within the cap. CTranslate2 takes one limit per
+        call: greedy search runs once at the longest limit and cuts each
+        output to its own (exactly what a search with that limit writes);
+        beam search, where a longer limit changes which hypothesis wins, runs
+        once per distinct limit. [PAD] and [START] are never produced, as in
+        our searches.
+        """
+        limits = [min(len(source) + self.settings["max_extra_length"], self.settings["max_output_length"])
+                  for source in sources]
+        groups = {max(limits): list(range(len(sources)))} if beam_size == 1 else {}
+        if beam_size > 1:
+            for index, limit in enumerate(limits):
+                groups.setdefault(limit, []).append(index)
+        hypotheses = [None] * len(sources)
+        for limit, indices in groups.items():
+            results = self.translator.translate_batch(
+                [sources[index] for index in indices], beam_size=beam_size, max_batch_size=batch_size,
+                length_penalty=self.settings["length_alpha"] if beam_size > 1 else 0,
+                max_decoding_length=limit, min_decoding_length=0, suppress_sequences=[["[PAD]"], ["[START]"]],
+            )
+            for index, result in zip(indices, results):
+                hypotheses[index] = result.hypotheses[0][: limits[index]]
+        return hypotheses
+
     def translate(self, texts, beam_size=None, batch_size=64):
         """Python strings in, Python strings out (beam size default: the export's)."""
         beam_size = beam_size or self.settings["beam_size"]
@@ -242,18 +282,8 @@ class CTranslate2Translator:
         translations = []
         for start in range(0, len(texts), batch_size):
             sources = self.source_tokens(texts[start : start + batch_size])
-            # As ours: each output at most its source's length plus max_extra_length, within the cap.
-            limits = [min(len(source) + self.settings["max_extra_length"], self.settings["max_output_length"])
-                      for source in sources]
-            results = self.translator.translate_batch(
-                sources, beam_size=beam_size, max_batch_size=batch_size,
-                length_penalty=self.settings["length_alpha"] if beam_size > 1 else 0,
-                max_decoding_length=max(limits), min_decoding_length=0,
-            )
-            # CTranslate2 has one limit per batch: a shorter source's output is cut to its own,
-            # which for greedy search is exactly what a search with that limit writes.
-            ids = [[target_index[token] for token in result.hypotheses[0][:limit]] or [0]
-                   for result, limit in zip(results, limits)]
+            ids = [[target_index[token] for token in hypothesis] or [0]
+                   for hypothesis in self._decode(sources, beam_size, batch_size)]
             width = max(map(len, ids))
             padded = np.array([row + [0] * (width - len(row)) for row in ids], "int32")
             decoded = self.target_tokenizer.detokenize(padded).numpy()

@@ -13,7 +13,9 @@ Signatures (see `LANGUAGE_MODEL_SIGNATURES`), both with the outputs `text`
 `continuation` (string `[batch]`, the new text alone) and `new_tokens`
 (int32 `[batch]`):
 - `serving_default`: `text` (string `[batch]`), sampled with the settings
-  the export was made with and seed 0: the same prompt, the same answer.
+  the export was made with and seed 0: the same prompt, the same answer,
+  whatever else is in the batch (up to the rounding of the prompts' shared
+  positions, which are read in one pass).
 - `generate`: `text` plus the scalars `seed` (int64), `temperature`
   (float32, 0 = greedy), `top_k` (int32, 0 = no limit), `top_p` (float32,
   1 = no limit) and `max_new_tokens` (int32). TensorFlow Serving wants every

@@ -97,6 +97,8 @@ class Generator(tf.Module):
     def generate(self, texts, seed=0, temperature=None, top_k=None, top_p=None, max_new_tokens=None):
         settings = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "max_new_tokens": max_new_tokens}
         settings = {name: self.defaults[name] if value is None else value for name, value in settings.items()}
+        if not any(tf.is_tensor(value) for value in settings.values()):  # tensors: the export checks them in the graph
+            check_settings(**settings, max_length=self.model.max_length)
         max_new_tokens = settings["max_new_tokens"]
         prompts, prompt_lengths = self.prompt_ids(texts, max_new_tokens)
         rows, width = tf.shape(prompts)[0], tf.shape(prompts)[1]

@@ -41,14 +41,13 @@ def filter_logits(logits, temperature=1.0, top_k=None, top_p=None):
     >>> filter_logits(tf.constant([[2.0, 1.0, 0.0]]), top_k=2)  # [[2.0, 1.0, -1e9]]
     """
     logits = tf.convert_to_tensor(logits, tf.float32) / tf.cast(temperature, tf.float32)
-    if isinstance(top_k, int) and top_k > 0 and logits.shape[-1] is not None:
-        # A number known now: a fixed k, which XLA compiles to a partial sort (a tensor k costs a full one).
-        kth_largest = tf.math.top_k(logits, k=min(top_k, logits.shape[-1])).values[:, -1:]
-        logits = tf.where(logits < kth_largest, NEG_INF, logits)
-    elif top_k is not None and not isinstance(top_k, int):
-        vocab = tf.shape(logits)[-1]
-        top_k = tf.cast(top_k, tf.int32)
-        k = tf.where(top_k > 0, tf.minimum(top_k, vocab), vocab)
+    if top_k is not None and not (isinstance(top_k, int) and top_k == 0):
+        if isinstance(top_k, int) and logits.shape[-1] is not None:
+            k = min(top_k, logits.shape[-1])  # known now: a fixed k
+        else:
+            vocab = tf.shape(logits)[-1]
+            top_k = tf.cast(top_k, tf.int32)
+            k = tf.where(top_k > 0, tf.minimum(top_k, vocab), vocab)
         kth_largest = tf.math.top_k(logits, k=k).values[:, -1:]
         logits = tf.where(logits < kth_largest, NEG_INF, logits)
     if top_p is not None:
@@ -163,9 +162,11 @@ def _draw(logits, seed):
     token i with probability softmax(logits)_i. Written so rather than with
     `tf.random.stateless_categorical` because XLA compiles these ops (it has
     no kernel for that one), and the draw is the same in a graph, eagerly or
-    compiled.
+    compiled. Every row gets the same noise (one row of it, from the seed
+    and the position alone): a prompt's text then does not depend on which
+    row of a batch it came in, or on what else was in the batch.
     """
-    uniform = tf.random.stateless_uniform(tf.shape(logits), seed=seed, minval=1e-20, maxval=1.0)
+    uniform = tf.random.stateless_uniform(tf.stack([1, tf.shape(logits)[-1]]), seed=seed, minval=1e-20, maxval=1.0)
     return tf.argmax(logits - tf.math.log(-tf.math.log(uniform)), axis=-1, output_type=tf.int32)
 
 

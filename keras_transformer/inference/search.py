@@ -253,8 +253,8 @@ def _cannot_be_beaten(best_final, final_count, live_log_probs, step, max_lengths
     two lengths (the penalty is monotonic in the length). Once that bound is
     below the best final score for every live hypothesis, nothing later can
     change what the search returns: stopping there returns exactly what
-    running on would, in fewer steps (CTranslate2 and OpenNMT stop at the
-    same point). The margin keeps rounding on the safe side.
+    running on would, in fewer steps. The margin keeps rounding on the
+    safe side.
     """
     next_length = tf.fill(tf.shape(max_lengths), step + 2)  # the live ones hold step + 1 tokens
     bound = tf.maximum(

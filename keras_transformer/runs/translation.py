@@ -368,9 +368,14 @@ def export(run_dir, export_base, version=None, beam_size=None, length_alpha=None
 def export_ctranslate2(run_dir, out_dir, quantization=None, beam_size=None, length_alpha=None,
                        max_output_length=None):
     """Write the run's translator as a CTranslate2 model directory (`export.ctranslate2`); returns its path."""
+    from keras_transformer.export.ctranslate2 import QUANTIZATIONS, require_ctranslate2
     from keras_transformer.export.ctranslate2 import export_ctranslate2 as export_to
 
-    if os.path.exists(out_dir):  # before the model is loaded
+    # What can be refused is refused before the model is loaded.
+    require_ctranslate2()
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS} (or none), got {quantization!r}")
+    if os.path.exists(out_dir):
         raise FileExistsError(f"{out_dir} already exists: pick another directory or remove it first")
     translator = load_translator(
         run_dir, beam_size=beam_size, length_alpha=length_alpha, max_output_length=max_output_length
