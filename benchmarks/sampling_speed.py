@@ -64,7 +64,7 @@ def ours(size, batch, prompt_length, new_tokens, mode, jit_compile=False):
     def generate(token_ids):
         step_fn, cache = language_model_step(model, batch, prompt_length + new_tokens)
         # End id -1: no token ends a text, as keras-hub is given no stop token.
-        return sample(step_fn, cache, token_ids, lengths, new_tokens, end_id=-1, cache_batch_axis=1,
+        return sample(step_fn, cache, token_ids, lengths, new_tokens, end_id=-1,
                       prefill_fn=language_model_prefill(model), **settings)[0]
 
     return model.count_params(), lambda token_ids: generate(tf.constant(token_ids))

@@ -59,7 +59,6 @@ def run(model, rows, use_cache=True, **settings):
     step_fn, cache = language_model_step(model, len(rows), prompts.shape[1] + new, use_cache=use_cache)
     # The cached run reads the prompts' shared positions in one pass; the reference, one position a step.
     tokens, text_lengths = sample(step_fn, cache, prompts, lengths, new, END, never=(0, 1, 2),
-                                  cache_batch_axis=1 if use_cache else 0,
                                   prefill_fn=language_model_prefill(model) if use_cache else None, **settings)
     return [list(row[:length]) for row, length in zip(tokens.numpy(), text_lengths.numpy())]
 

@@ -10,12 +10,14 @@ from keras_transformer.inference import (
     Translator,
     beam_search,
     greedy_search,
+    higher_scoring,
     num_steps,
     output_limits,
     score_sequences,
     transformer_search,
     transformer_step,
 )
+from keras_transformer.inference import steps as decoding_steps
 from keras_transformer.text import WordPieceTokenizer
 
 START, END = 2, 3
@@ -48,7 +50,15 @@ def model():
     raise AssertionError("no [END] bias gives a batch with both kinds of ending")
 
 
-def test_cached_greedy_equals_greedy_recomputing_the_prefix(model):
+@pytest.fixture(params=["initial room", "room of 2"])
+def cache_room(request, monkeypatch):
+    """The decoding cache's first room: as shipped, or 2 positions, so that it grows (2, 4, 8, ...) mid-search."""
+    if request.param == "room of 2":
+        monkeypatch.setattr(decoding_steps, "INITIAL_CACHE_ROOM", 2)
+    return request.param
+
+
+def test_cached_greedy_equals_greedy_recomputing_the_prefix(model, cache_room):
     for seed in range(3):
         ids = sources(seed)
         cached_tokens, cached_scores = tf.function(
@@ -91,7 +101,7 @@ def test_beam_of_one_is_greedy(model):
         step_fn, cache = transformer_step(model, x, num_steps(max_lengths))
         if beam_search_of_one:
             return beam_search(step_fn, cache, START, END, max_lengths, beam_size=1, cache_batch_axis=1)
-        return greedy_search(step_fn, cache, START, END, max_lengths, cache_batch_axis=1)
+        return greedy_search(step_fn, cache, START, END, max_lengths)
 
     greedy_tokens, greedy_scores = tf.function(search)(ids)
     beam_tokens, beam_scores = tf.function(lambda x: search(x, beam_search_of_one=True))(ids)
@@ -113,7 +123,7 @@ def test_beam_search_never_scores_worse_than_greedy(model, beam_size):
         assert np.all(beam_model_scores >= greedy_model_scores - 1e-5)
 
 
-def test_cached_beam_equals_recomputed_beam(model):
+def test_cached_beam_equals_recomputed_beam(model, cache_room):
     ids = sources(4)
     cached = tf.function(lambda x: transformer_search(model, x, START, END, beam_size=3, max_extra_length=5))(ids)
     plain = tf.function(lambda x: transformer_search(model, x, START, END, beam_size=3, max_extra_length=5, use_cache=False))(ids)
@@ -315,12 +325,11 @@ def test_searches_return_what_a_random_step_function_scores_them(cache_batch_axi
     table = np.random.default_rng(0).dirichlet(np.full(vocab, 0.5), size=(vocab, vocab)).astype(np.float32)
     first, max_lengths = [3, 4, 5, 6, 0], [1, 3, 4, 5, 6]
     step_fn = toy_step(table, cache_batch_axis)
-    settings = dict(start_id=TOY_START, end_id=TOY_END, max_lengths=max_lengths, length_alpha=alpha,
-                    cache_batch_axis=cache_batch_axis)
+    settings = dict(start_id=TOY_START, end_id=TOY_END, max_lengths=max_lengths, length_alpha=alpha)
     greedy = tf.function(lambda cache: greedy_search(step_fn, cache, **settings))(toy_cache(first, 1, cache_batch_axis))
     for beams in (1, 2, 3):
-        found = tf.function(lambda cache: beam_search(step_fn, cache, beam_size=beams, **settings))(
-            toy_cache(first, beams, cache_batch_axis))
+        found = tf.function(lambda cache: beam_search(step_fn, cache, beam_size=beams, cache_batch_axis=cache_batch_axis,
+                                                      **settings))(toy_cache(first, beams, cache_batch_axis))
         if beams == 1:
             np.testing.assert_array_equal(found[0].numpy(), greedy[0].numpy())
         for tokens, scores in (greedy, found):
@@ -331,6 +340,26 @@ def test_searches_return_what_a_random_step_function_scores_them(cache_batch_axi
             for row, length in zip(tokens, lengths):
                 assert np.all(row[length:] == 0) and TOY_END not in row[: length - 1]
                 assert TOY_START not in row
+
+
+def test_the_greedy_path_beside_the_beams_returns_the_better_of_both_searches():
+    # keep_greedy follows the greedy path as one more row per sentence, in the
+    # beam search's own steps: exactly the better of the two searches run apart.
+    greedy_won = 0
+    for seed in range(8):
+        rng = np.random.default_rng(seed)
+        vocab = int(rng.integers(6, 12))
+        table = rng.dirichlet(np.full(vocab, 0.3), size=(vocab, vocab)).astype(np.float32)
+        first = rng.integers(0, vocab, 5).tolist()
+        settings = dict(start_id=TOY_START, end_id=TOY_END, max_lengths=rng.integers(3, 12, 5).tolist())
+        beams_only = beam_search(toy_step(table), toy_cache(first, 2), beam_size=2, **settings)
+        greedy = greedy_search(toy_step(table), toy_cache(first), **settings)
+        apart = higher_scoring(beams_only, greedy)
+        together = beam_search(toy_step(table), toy_cache(first, 3), beam_size=2, keep_greedy=True, **settings)
+        np.testing.assert_array_equal(together[0].numpy(), apart[0].numpy())
+        np.testing.assert_allclose(together[1].numpy(), apart[1].numpy(), rtol=1e-6)
+        greedy_won += int(np.sum(greedy[1].numpy() > beams_only[1].numpy()))
+    assert greedy_won > 0  # the greedy row made a difference somewhere
 
 
 @pytest.mark.parametrize("length_alpha", [0.0, 0.6, 1.0, 2.0])

@@ -107,7 +107,7 @@ class Generator(tf.Module):
         tokens, lengths = sample(
             step_fn, cache, prompts, prompt_lengths, max_new_tokens, tokenizer.end_id, seed=seed,
             temperature=settings["temperature"], top_k=settings["top_k"], top_p=settings["top_p"],
-            never=(tokenizer.pad_id, tokenizer.start_id), cache_batch_axis=1,
+            never=(tokenizer.pad_id, tokenizer.start_id),
             prefill_fn=language_model_prefill(self.model),
         )
         # The sampler's buffer has room for the longest allowed text; keep the columns used.

@@ -75,14 +75,13 @@ def sample(
     top_k=None,
     top_p=None,
     never=(0,),
-    cache_batch_axis=0,
     prefill_fn=None,
 ):
     """Continue each prompt with tokens drawn from the model.
 
     Args:
         step_fn: `(tokens, cache, index) -> (logits, cache)` (see `search`); one row per prompt.
-        cache: its initial cache, rows on axis `cache_batch_axis`, with room for
+        cache: its initial cache, with room for
             `prompt width + max_new_tokens` positions.
         prompts: `(rows, width)` int32, each right-padded with 0; at least one token each.
         prompt_lengths: `(rows,)` int32, each prompt's tokens.
@@ -92,7 +91,6 @@ def sample(
         temperature, top_k, top_p: see `filter_logits`; temperature 0 is greedy.
             Each a Python number or a scalar tensor.
         never: ids never drawn (padding; a [START] token).
-        cache_batch_axis: the rows' axis in every cache tensor.
         prefill_fn: `(tokens, cache) -> cache`, filling the cache with a
             `(rows, n)` block of tokens in one pass (`language_model_prefill`);
             given, the tokens every prompt has (all but the shortest prompt's
@@ -144,7 +142,7 @@ def sample(
         cache = tf.cond(start > 0, lambda: prefill_fn(prompts[:, :start], cache), lambda: cache)
     initial = (start, prompt_lengths + max_new_tokens <= 1, cache, tokens)
     _, _, _, tokens = tf.while_loop(
-        not_done, one_step, initial, shape_invariants=_loop_shapes(initial, 2, cache_batch_axis)
+        not_done, one_step, initial, shape_invariants=_loop_shapes(initial, 2)
     )
     # A row's text ends after [END] or at its limit; the rest is padding.
     positions = tf.range(total)[None, :]

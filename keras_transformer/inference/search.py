@@ -19,10 +19,11 @@ This is how keras-hub's samplers are written (against `next(prompt, cache,
 index)`).
 
 The cache contract: a nested structure (lists, tuples, dicts) of tensors,
-each holding the rows on axis `cache_batch_axis`, with room for
-`num_steps(max_lengths)` steps. The step function returns it with the same
-structure and shapes (it writes in place at `index`, which keeps the loop's
-shapes fixed and the searches XLA friendly). Beam search runs `batch *
+each holding the rows on axis `cache_batch_axis`. The step function returns
+it with the same structure; it may grow a tensor along any other axis (the
+Transformer's step doubles its room as positions fill), and one that keeps
+every shape fixed (writing in place at `index`, as the language model's
+does) keeps the searches XLA friendly. Beam search runs `batch *
 beam_size` rows, the beams of a sentence next to each other, and after every
 step gathers the cache rows of the beams that survive; what is the same for
 every beam of a sentence (an encoded source) belongs in the step function,
@@ -63,11 +64,12 @@ def _open_axis(shape, axis):
     return tf.TensorShape(dims)
 
 
-def _loop_shapes(loop_vars, cache_position, cache_batch_axis):
-    """Loop-variable shapes with the rows' axis left open (beam search's gathers lose its static size)."""
+def _loop_shapes(loop_vars, cache_position):
+    """Loop-variable shapes with the rows' axis left open (beam search's gathers lose its static size),
+    and every axis of the cache (a step function may grow its cache)."""
     shapes = [tf.nest.map_structure(lambda value: _open_axis(value.shape, 0), var) for var in loop_vars]
     shapes[cache_position] = tf.nest.map_structure(
-        lambda value: _open_axis(value.shape, cache_batch_axis), loop_vars[cache_position]
+        lambda value: tf.TensorShape([None] * value.shape.rank), loop_vars[cache_position]
     )
     return tuple(shapes)
 
@@ -93,17 +95,52 @@ def write_column(buffer, column, values):
     return tf.where(positions == column, values[..., None], buffer)
 
 
-def greedy_search(step_fn, cache, start_id, end_id, max_lengths, length_alpha=0.6, cache_batch_axis=0):
+class _GreedyPath:
+    """The state of greedy search: one row per sentence, and the one-step rule.
+
+    Greedy search is this alone; beam search with `keep_greedy` follows one
+    beside its beams, in the same model steps.
+    """
+
+    def __init__(self, max_lengths, steps):
+        batch = tf.shape(max_lengths)[0]
+        self.max_lengths = max_lengths
+        # finished, tokens so far, sum of their log-probabilities, lengths
+        self.initial = (
+            tf.zeros([batch], tf.bool),
+            tf.zeros([batch, steps], tf.int32),
+            tf.zeros([batch], tf.float32),
+            tf.zeros([batch], tf.int32),
+        )
+
+    def step(self, state, log_probs, step, end_id):
+        """Pick each sentence's most probable token; returns `(chosen, state)` ([PAD] once finished)."""
+        finished, tokens, log_prob_sum, lengths = state
+        chosen = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
+        chosen = tf.where(finished, 0, chosen)
+        chosen_log_prob = tf.gather(log_probs, chosen, batch_dims=1)
+        log_prob_sum += tf.where(finished, 0.0, chosen_log_prob)
+        lengths += tf.where(finished, 0, 1)
+        tokens = write_column(tokens, step, chosen)
+        finished = finished | (chosen == end_id) | (step + 1 >= self.max_lengths)
+        return chosen, (finished, tokens, log_prob_sum, lengths)
+
+    @staticmethod
+    def result(state, length_alpha):
+        _, tokens, log_prob_sum, lengths = state
+        return tokens, log_prob_sum / length_penalty(lengths, length_alpha)
+
+
+def greedy_search(step_fn, cache, start_id, end_id, max_lengths, length_alpha=0.6):
     """Pick the most probable token at every step.
 
     Args:
         step_fn: `(tokens, cache, index) -> (logits, cache)`, see the module
             docstring; one row per sentence.
-        cache: its initial cache, rows on axis `cache_batch_axis`.
+        cache: its initial cache.
         start_id, end_id: the output vocabulary's [START] and [END] ids.
         max_lengths: `(batch,)` int32, each sentence's longest output.
         length_alpha: alpha of the length penalty used for the returned score.
-        cache_batch_axis: the rows' axis in every cache tensor.
 
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`, `steps =
@@ -111,43 +148,36 @@ def greedy_search(step_fn, cache, start_id, end_id, max_lengths, length_alpha=0.
 
     Example:
     >>> step_fn, cache = transformer_step(model, source_ids, num_steps(max_lengths))
-    >>> tokens, scores = greedy_search(step_fn, cache, start_id, end_id, max_lengths, cache_batch_axis=1)
+    >>> tokens, scores = greedy_search(step_fn, cache, start_id, end_id, max_lengths)
     """
     max_lengths = tf.convert_to_tensor(max_lengths, tf.int32)
-    batch = tf.shape(max_lengths)[0]
     steps = num_steps(max_lengths)
+    greedy = _GreedyPath(max_lengths, steps)
 
-    def not_done(step, finished, *_):
-        return (step < steps) & ~tf.reduce_all(finished)
+    def not_done(step, cache, last, state):
+        return (step < steps) & ~tf.reduce_all(state[0])
 
-    def one_step(step, finished, cache, last, tokens, log_prob_sum, lengths):
+    def one_step(step, cache, last, state):
         log_probs, cache = _log_probs(step_fn, last, cache, step, start_id)
-        chosen = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
-        chosen = tf.where(finished, 0, chosen)
-        chosen_log_prob = tf.gather(log_probs, chosen, batch_dims=1)
-        log_prob_sum += tf.where(finished, 0.0, chosen_log_prob)
-        lengths += tf.where(finished, 0, 1)
-        tokens = write_column(tokens, step, chosen)
-        finished = finished | (chosen == end_id) | (step + 1 >= max_lengths)
-        return step + 1, finished, cache, chosen, tokens, log_prob_sum, lengths
+        chosen, state = greedy.step(state, log_probs, step, end_id)
+        return step + 1, cache, chosen, state
 
-    initial = (
-        tf.constant(0),
-        tf.zeros([batch], tf.bool),
-        cache,
-        tf.fill([batch], tf.cast(start_id, tf.int32)),
-        tf.zeros([batch, steps], tf.int32),
-        tf.zeros([batch], tf.float32),
-        tf.zeros([batch], tf.int32),
-    )
-    _, _, _, _, tokens, log_prob_sum, lengths = tf.while_loop(
-        not_done, one_step, initial, shape_invariants=_loop_shapes(initial, 2, cache_batch_axis)
-    )
-    return tokens, log_prob_sum / length_penalty(lengths, length_alpha)
+    initial = (tf.constant(0), cache, tf.fill(tf.shape(max_lengths), tf.cast(start_id, tf.int32)), greedy.initial)
+    *_, state = tf.while_loop(not_done, one_step, initial, shape_invariants=_loop_shapes(initial, 1))
+    return greedy.result(state, length_alpha)
 
 
 def beam_search(
-    step_fn, cache, start_id, end_id, max_lengths, beam_size=4, length_alpha=0.6, cache_batch_axis=0, stop_early=True
+    step_fn,
+    cache,
+    start_id,
+    end_id,
+    max_lengths,
+    beam_size=4,
+    length_alpha=0.6,
+    cache_batch_axis=0,
+    stop_early=True,
+    keep_greedy=False,
 ):
     """Keep the `beam_size` most probable hypotheses at every step; return the best.
 
@@ -163,20 +193,25 @@ def beam_search(
     greedy search.
 
     Pruning can drop the greedy path early and end on a worse hypothesis:
-    a caller that wants never to do worse than greedy search runs it too and
-    keeps the better result per sentence (`higher_scoring`).
+    with `keep_greedy`, one more row per sentence follows the greedy path
+    in the same model steps, and the better of the two is returned, so
+    beam search never scores worse than greedy search.
 
     Args:
-        step_fn: as for `greedy_search`, on `batch * beam_size` rows: row
-            `b * beam_size + j` is beam j of sentence b.
-        cache: its initial cache for those rows, every beam of a sentence
-            holding the same (`tf.repeat(..., beam_size, axis=cache_batch_axis)`
+        step_fn: as for `greedy_search`, on `batch * rows` rows, `rows =
+            beam_size` (plus 1 with `keep_greedy`): row `b * rows + j` is
+            beam j of sentence b, and row `b * rows + beam_size` its greedy
+            path.
+        cache: its initial cache for those rows, every row of a sentence
+            holding the same (`tf.repeat(..., rows, axis=cache_batch_axis)`
             lays a sentence's cache out so). Rows are reordered by a gather on
             `cache_batch_axis` as beams survive and die.
         max_lengths: `(batch,)` int32, one limit per sentence.
         stop_early: end a sentence once its best final hypothesis cannot be
             beaten (False: only once it has `beam_size` of them; the same
             result, in more steps).
+        keep_greedy: follow the greedy path too, and return it where it
+            scores better.
         Other arguments as `greedy_search`.
 
     Returns:
@@ -187,25 +222,28 @@ def beam_search(
     max_lengths = tf.convert_to_tensor(max_lengths, tf.int32)
     batch = tf.shape(max_lengths)[0]
     steps = num_steps(max_lengths)
+    rows = beam_size + 1 if keep_greedy else beam_size
     candidates_kept = 2 * beam_size  # enough that beam_size of them did not end
     within_beam = tf.range(candidates_kept)[None, :] < beam_size
-    batch_offsets = tf.range(batch)[:, None] * beam_size
+    sentence_offsets = tf.range(batch)[:, None] * rows
+    greedy = _GreedyPath(max_lengths, steps)
 
     def not_done(step, done, *_):
         return (step < steps) & ~tf.reduce_all(done)
 
-    def one_step(step, done, cache, last, live, live_log_probs, final, final_scores, final_count):
+    def one_step(step, done, cache, last, live, live_log_probs, final, final_scores, final_count, greedy_state):
         log_probs, cache = _log_probs(step_fn, last, cache, step, start_id)
         vocab_size = log_probs.shape[-1] or tf.shape(log_probs)[-1]
-        log_probs = tf.reshape(log_probs, [batch, beam_size, vocab_size])
-        extensions = tf.reshape(live_log_probs[:, :, None] + log_probs, [batch, -1])
+        log_probs = tf.reshape(log_probs, [batch, rows, vocab_size])
+        extensions = tf.reshape(live_log_probs[:, :, None] + log_probs[:, :beam_size], [batch, -1])
         top_log_probs, top = tf.math.top_k(extensions, k=candidates_kept)
         beam_index, tokens = top // vocab_size, top % vocab_size
         top_sequences = write_column(tf.gather(live, beam_index, batch_dims=1), step, tokens)
         ends = (tokens == end_id) | (step + 1 >= max_lengths[:, None])
 
         # Set the ended ones among the first beam_size aside, scored.
-        new_final = ends & within_beam & ~done[:, None] & (top_log_probs > NEG_INF / 2)
+        beam_done = done[:, 0]
+        new_final = ends & within_beam & ~beam_done[:, None] & (top_log_probs > NEG_INF / 2)
         new_scores = tf.where(new_final, top_log_probs / length_penalty(step + 1, length_alpha), NEG_INF)
         final_count += tf.reduce_sum(tf.cast(new_final, tf.int32), axis=1)
         final_scores, best = tf.math.top_k(tf.concat([final_scores, new_scores], axis=1), k=beam_size)
@@ -214,34 +252,44 @@ def beam_search(
         # The best beam_size that did not end carry on, each with its parent's cache.
         live_log_probs, best = tf.math.top_k(tf.where(ends, NEG_INF, top_log_probs), k=beam_size)
         if stop_early:
-            done = done | _cannot_be_beaten(final_scores[:, 0], final_count, live_log_probs, step, max_lengths,
-                                            length_alpha)
+            beam_done |= _cannot_be_beaten(final_scores[:, 0], final_count, live_log_probs, step, max_lengths,
+                                           length_alpha)
         live = tf.gather(top_sequences, best, batch_dims=1)
-        parents = tf.reshape(batch_offsets + tf.gather(beam_index, best, batch_dims=1), [-1])
+        parents = sentence_offsets + tf.gather(beam_index, best, batch_dims=1)
+        next_tokens = tf.gather(tokens, best, batch_dims=1)
+        beam_done |= (final_count >= beam_size) | (step + 1 >= max_lengths)
+        if keep_greedy:
+            # The greedy row keeps its own cache.
+            chosen, greedy_state = greedy.step(greedy_state, log_probs[:, beam_size], step, end_id)
+            parents = tf.concat([parents, sentence_offsets + beam_size], axis=1)
+            next_tokens = tf.concat([next_tokens, chosen[:, None]], axis=1)
+            done = tf.stack([beam_done, greedy_state[0]], axis=1)
+        else:
+            done = beam_done[:, None]
+        parents = tf.reshape(parents, [-1])
         cache = tf.nest.map_structure(lambda value: tf.gather(value, parents, axis=cache_batch_axis), cache)
-        next_tokens = tf.reshape(tf.gather(tokens, best, batch_dims=1), [-1])
-        done = done | (final_count >= beam_size) | (step + 1 >= max_lengths)
-        return step + 1, done, cache, next_tokens, live, live_log_probs, final, final_scores, final_count
+        return (step + 1, done, cache, tf.reshape(next_tokens, [-1]), live, live_log_probs, final, final_scores,
+                final_count, greedy_state)
 
     # Only the first beam is live at the start, or every beam would be the same.
     first_beam_only = tf.concat([[0.0], tf.fill([beam_size - 1], NEG_INF)], axis=0)
     no_sequences = tf.zeros([batch, beam_size, steps], tf.int32)
     initial = (
         tf.constant(0),
-        tf.zeros([batch], tf.bool),
+        tf.zeros([batch, 2 if keep_greedy else 1], tf.bool),  # the beams done; the greedy path finished
         cache,
-        tf.fill([batch * beam_size], tf.cast(start_id, tf.int32)),
+        tf.fill([batch * rows], tf.cast(start_id, tf.int32)),
         no_sequences,
         tf.tile(first_beam_only[None], [batch, 1]),
         no_sequences,
         tf.fill([batch, beam_size], NEG_INF),
         tf.zeros([batch], tf.int32),
+        greedy.initial if keep_greedy else (),
     )
-    results = tf.while_loop(
-        not_done, one_step, initial, shape_invariants=_loop_shapes(initial, 2, cache_batch_axis)
-    )
+    results = tf.while_loop(not_done, one_step, initial, shape_invariants=_loop_shapes(initial, 2))
     # top_k keeps the final hypotheses sorted: the first is the best.
-    return results[6][:, 0], results[7][:, 0]
+    found = results[6][:, 0], results[7][:, 0]
+    return higher_scoring(found, greedy.result(results[9], length_alpha)) if keep_greedy else found
 
 
 def _cannot_be_beaten(best_final, final_count, live_log_probs, step, max_lengths, length_alpha):

@@ -12,7 +12,11 @@ the Transformer's API:
 3. each step runs the decoder on the newest token alone, reading the
    earlier positions' keys and values from the self-attention cache and
    writing the new position's in place at the step's index
-   (`model.decode(..., cache=..., cache_index=index)`).
+   (`model.decode(..., cache=..., cache_index=index)`). The cache starts
+   with room for `INITIAL_CACHE_ROOM` positions and doubles when full
+   (`layers.attention.grow_cache`): most translations are far shorter than
+   the longest allowed, and every step copies its cache (beam search
+   reorders it) and attends over all of it.
 
 `transformer_search` puts the pieces together: the per-sentence output
 limits, the step function, and greedy or beam search.
@@ -23,12 +27,15 @@ import tensorflow as tf
 from keras_transformer.inference.search import (
     beam_search,
     greedy_search,
-    higher_scoring,
     length_penalty,
     num_steps,
     write_column,
 )
+from keras_transformer.layers.attention import grow_cache
 from keras_transformer.layers.masks import padding_mask
+
+# Output positions a translation's self-attention cache has room for at first.
+INITIAL_CACHE_ROOM = 16
 
 
 def output_length_cap(model, max_output_length=None):
@@ -77,12 +84,12 @@ def transformer_step(model, source_ids, max_length, beams=1, use_cache=True):
     Example:
     >>> max_lengths = output_limits(model, source_ids)
     >>> step_fn, cache = transformer_step(model, source_ids, num_steps(max_lengths))
-    >>> greedy_search(step_fn, cache, start_id, end_id, max_lengths, cache_batch_axis=cache_batch_axis())
+    >>> greedy_search(step_fn, cache, start_id, end_id, max_lengths)
     """
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)
     memory = model.encode(source_ids)
     source_mask = padding_mask(source_ids)
-    caches = model.build_cache(memory, max_length) if use_cache else None
+    caches = model.build_cache(memory, tf.minimum(INITIAL_CACHE_ROOM, max_length)) if use_cache else None
     # Encoded once; every beam of a sentence then gets its own copy of the context.
     repeat = lambda value, axis=0: tf.repeat(value, beams, axis=axis) if beams > 1 else value  # noqa: E731
     source_mask = repeat(source_mask)
@@ -105,6 +112,7 @@ def transformer_step(model, source_ids, max_length, beams=1, use_cache=True):
     own_keys_values = [repeat(layer["self_attention"], axis=1) for layer in caches]
 
     def cached_step(tokens, cache, index):
+        cache = [grow_cache(own, index, max_length) for own in cache]
         layers = [{"self_attention": own, "cross_attention": source} for own, source in zip(cache, source_keys_values)]
         logits, layers = model.decode(tokens[:, None], encoder_padding_mask=source_mask, cache=layers, cache_index=index)
         return logits[:, 0], [layer["self_attention"] for layer in layers]
@@ -188,9 +196,9 @@ def transformer_search(
         max_output_length: no output is longer than this (default: the
             model's `max_length`).
         use_cache: decode on the key/value cache (else recompute the prefix).
-        keep_greedy: with beam search, also follow the greedy path (about
-            1/beam_size more decoding) and keep it where it scores better,
-            so that beam search never returns a worse score than greedy.
+        keep_greedy: with beam search, also follow the greedy path (one more
+            row per sentence in the same steps) and keep it where it scores
+            better, so that beam search never returns a worse score than greedy.
 
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`, as the searches.
@@ -202,17 +210,15 @@ def transformer_search(
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)
     max_lengths = output_limits(model, source_ids, max_extra_length, max_output_length)
-    steps = num_steps(max_lengths)
-    search = dict(start_id=start_id, end_id=end_id, max_lengths=max_lengths, length_alpha=length_alpha,
-                  cache_batch_axis=cache_batch_axis(use_cache))
-    if beam_size > 1:
-        step_fn, cache = transformer_step(model, source_ids, steps, beams=beam_size, use_cache=use_cache)
-        found = beam_search(step_fn, cache, beam_size=beam_size, **search)
-        if not keep_greedy:
-            return found
-    step_fn, cache = transformer_step(model, source_ids, steps, use_cache=use_cache)
-    greedy = greedy_search(step_fn, cache, **search)
-    return greedy if beam_size == 1 else higher_scoring(found, greedy)
+    search = dict(start_id=start_id, end_id=end_id, max_lengths=max_lengths, length_alpha=length_alpha)
+    if beam_size == 1:
+        step_fn, cache = transformer_step(model, source_ids, num_steps(max_lengths), use_cache=use_cache)
+        return greedy_search(step_fn, cache, **search)
+    # The greedy path is one more row per sentence in the same steps.
+    rows = beam_size + 1 if keep_greedy else beam_size
+    step_fn, cache = transformer_step(model, source_ids, num_steps(max_lengths), beams=rows, use_cache=use_cache)
+    return beam_search(step_fn, cache, beam_size=beam_size, cache_batch_axis=cache_batch_axis(use_cache),
+                       keep_greedy=keep_greedy, **search)
 
 
 def score_sequences(model, source_ids, target_ids, start_id, length_alpha=0.6):
