@@ -342,7 +342,8 @@ def test_searches_return_what_a_random_step_function_scores_them(cache_batch_axi
                 assert TOY_START not in row
 
 
-def test_the_greedy_path_beside_the_beams_returns_the_better_of_both_searches():
+@pytest.mark.parametrize("beams, stop_early", [(1, True), (2, True), (2, False), (3, True)])
+def test_the_greedy_path_beside_the_beams_returns_the_better_of_both_searches(beams, stop_early):
     # keep_greedy follows the greedy path as one more row per sentence, in the
     # beam search's own steps: exactly the better of the two searches run apart.
     greedy_won = 0
@@ -351,15 +352,31 @@ def test_the_greedy_path_beside_the_beams_returns_the_better_of_both_searches():
         vocab = int(rng.integers(6, 12))
         table = rng.dirichlet(np.full(vocab, 0.3), size=(vocab, vocab)).astype(np.float32)
         first = rng.integers(0, vocab, 5).tolist()
-        settings = dict(start_id=TOY_START, end_id=TOY_END, max_lengths=rng.integers(3, 12, 5).tolist())
-        beams_only = beam_search(toy_step(table), toy_cache(first, 2), beam_size=2, **settings)
+        settings = dict(start_id=TOY_START, end_id=TOY_END, max_lengths=rng.integers(1, 12, 5).tolist())
+        beams_only = beam_search(toy_step(table), toy_cache(first, beams), beam_size=beams, stop_early=stop_early,
+                                 **settings)
         greedy = greedy_search(toy_step(table), toy_cache(first), **settings)
         apart = higher_scoring(beams_only, greedy)
-        together = beam_search(toy_step(table), toy_cache(first, 3), beam_size=2, keep_greedy=True, **settings)
+        together = tf.function(lambda cache: beam_search(  # in a graph, as the export runs it
+            toy_step(table), cache, beam_size=beams, stop_early=stop_early, keep_greedy=True, **settings))(
+            toy_cache(first, beams + 1))
         np.testing.assert_array_equal(together[0].numpy(), apart[0].numpy())
         np.testing.assert_allclose(together[1].numpy(), apart[1].numpy(), rtol=1e-6)
         greedy_won += int(np.sum(greedy[1].numpy() > beams_only[1].numpy()))
-    assert greedy_won > 0  # the greedy row made a difference somewhere
+    if beams > 1:
+        assert greedy_won > 0  # the greedy row made a difference somewhere
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_searches_compile_with_xla_on_a_cache_with_all_its_room(model, beam_size):
+    # XLA needs fixed shapes: growing_cache=False, and the same translations.
+    ids = sources(5)
+    settings = dict(start_id=START, end_id=END, beam_size=beam_size, max_extra_length=20)
+    plain = tf.function(lambda x: transformer_search(model, x, **settings))(ids)
+    compiled = tf.function(lambda x: transformer_search(model, x, growing_cache=False, **settings), jit_compile=True)(ids)
+    assert (plain[0].numpy() != 0).sum(axis=1).max() > decoding_steps.INITIAL_CACHE_ROOM  # the plain one's cache grew
+    np.testing.assert_array_equal(compiled[0].numpy(), plain[0].numpy())
+    np.testing.assert_allclose(compiled[1].numpy(), plain[1].numpy(), atol=1e-5)
 
 
 @pytest.mark.parametrize("length_alpha", [0.0, 0.6, 1.0, 2.0])

@@ -142,7 +142,7 @@ def sample(
         cache = tf.cond(start > 0, lambda: prefill_fn(prompts[:, :start], cache), lambda: cache)
     initial = (start, prompt_lengths + max_new_tokens <= 1, cache, tokens)
     _, _, _, tokens = tf.while_loop(
-        not_done, one_step, initial, shape_invariants=_loop_shapes(initial, 2)
+        not_done, one_step, initial, shape_invariants=_loop_shapes(initial, 2, cache_grows=False)
     )
     # A row's text ends after [END] or at its limit; the rest is padding.
     positions = tf.range(total)[None, :]

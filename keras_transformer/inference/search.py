@@ -19,15 +19,16 @@ This is how keras-hub's samplers are written (against `next(prompt, cache,
 index)`).
 
 The cache contract: a nested structure (lists, tuples, dicts) of tensors,
-each holding the rows on axis `cache_batch_axis`. The step function returns
-it with the same structure; it may grow a tensor along any other axis (the
-Transformer's step doubles its room as positions fill), and one that keeps
-every shape fixed (writing in place at `index`, as the language model's
-does) keeps the searches XLA friendly. Beam search runs `batch *
-beam_size` rows, the beams of a sentence next to each other, and after every
-step gathers the cache rows of the beams that survive; what is the same for
-every beam of a sentence (an encoded source) belongs in the step function,
-not in the cache.
+each holding the rows on one axis (beam search's `cache_batch_axis`). The
+step function returns it with the same structure; it may grow a tensor
+along any other axis (the Transformer's step doubles its room as positions
+fill), and one that keeps every shape fixed (writing in place at `index`,
+as the language model's does, and the Transformer's with
+`growing_cache=False`) keeps the searches XLA friendly. Beam search runs
+`beam_size` rows a sentence (one more with `keep_greedy`), a sentence's
+rows next to each other, and after every step gathers the cache rows of the
+beams that survive; what is the same for every row of a sentence (an
+encoded source) belongs in the step function, not in the cache.
 
 Everything is TensorFlow ops, so the searches run inside `tf.function` and in
 an exported SavedModel. Each sentence stops at [END] or at its own limit
@@ -38,6 +39,8 @@ Returned tokens exclude [START], include [END] when generated, and are
 padded with 0; scores are length-normalised log-probabilities (GNMT length
 penalty ((5 + length) / 6) ** alpha), the quantity beam search maximises.
 """
+
+import collections
 
 import tensorflow as tf
 
@@ -64,12 +67,13 @@ def _open_axis(shape, axis):
     return tf.TensorShape(dims)
 
 
-def _loop_shapes(loop_vars, cache_position):
+def _loop_shapes(loop_vars, cache_position, cache_grows=True):
     """Loop-variable shapes with the rows' axis left open (beam search's gathers lose its static size),
-    and every axis of the cache (a step function may grow its cache)."""
+    and, where a step function may grow its cache, every axis of the cache."""
     shapes = [tf.nest.map_structure(lambda value: _open_axis(value.shape, 0), var) for var in loop_vars]
+    open_all = lambda value: tf.TensorShape([None] * value.shape.rank)  # noqa: E731
     shapes[cache_position] = tf.nest.map_structure(
-        lambda value: tf.TensorShape([None] * value.shape.rank), loop_vars[cache_position]
+        open_all if cache_grows else lambda value: value.shape, loop_vars[cache_position]
     )
     return tuple(shapes)
 
@@ -95,40 +99,43 @@ def write_column(buffer, column, values):
     return tf.where(positions == column, values[..., None], buffer)
 
 
+GreedyState = collections.namedtuple("GreedyState", ["finished", "tokens", "log_prob_sum", "lengths"])
+
+
 class _GreedyPath:
-    """The state of greedy search: one row per sentence, and the one-step rule.
+    """Greedy search's rule for one step, on one row per sentence.
 
     Greedy search is this alone; beam search with `keep_greedy` follows one
     beside its beams, in the same model steps.
     """
 
-    def __init__(self, max_lengths, steps):
-        batch = tf.shape(max_lengths)[0]
+    def __init__(self, max_lengths, steps, end_id):
         self.max_lengths = max_lengths
-        # finished, tokens so far, sum of their log-probabilities, lengths
-        self.initial = (
-            tf.zeros([batch], tf.bool),
-            tf.zeros([batch, steps], tf.int32),
-            tf.zeros([batch], tf.float32),
-            tf.zeros([batch], tf.int32),
+        self.end_id = end_id
+        batch = tf.shape(max_lengths)[0]
+        self.initial = GreedyState(
+            finished=tf.zeros([batch], tf.bool),
+            tokens=tf.zeros([batch, steps], tf.int32),
+            log_prob_sum=tf.zeros([batch], tf.float32),
+            lengths=tf.zeros([batch], tf.int32),
         )
 
-    def step(self, state, log_probs, step, end_id):
-        """Pick each sentence's most probable token; returns `(chosen, state)` ([PAD] once finished)."""
-        finished, tokens, log_prob_sum, lengths = state
+    def advance(self, state, log_probs, position):
+        """Pick each sentence's most probable token at output `position`: `(chosen, state)`, [PAD] once finished."""
         chosen = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
-        chosen = tf.where(finished, 0, chosen)
+        chosen = tf.where(state.finished, 0, chosen)
         chosen_log_prob = tf.gather(log_probs, chosen, batch_dims=1)
-        log_prob_sum += tf.where(finished, 0.0, chosen_log_prob)
-        lengths += tf.where(finished, 0, 1)
-        tokens = write_column(tokens, step, chosen)
-        finished = finished | (chosen == end_id) | (step + 1 >= self.max_lengths)
-        return chosen, (finished, tokens, log_prob_sum, lengths)
+        return chosen, GreedyState(
+            finished=state.finished | (chosen == self.end_id) | (position + 1 >= self.max_lengths),
+            tokens=write_column(state.tokens, position, chosen),
+            log_prob_sum=state.log_prob_sum + tf.where(state.finished, 0.0, chosen_log_prob),
+            lengths=state.lengths + tf.where(state.finished, 0, 1),
+        )
 
     @staticmethod
     def result(state, length_alpha):
-        _, tokens, log_prob_sum, lengths = state
-        return tokens, log_prob_sum / length_penalty(lengths, length_alpha)
+        """`(tokens, length-normalised scores)`."""
+        return state.tokens, state.log_prob_sum / length_penalty(state.lengths, length_alpha)
 
 
 def greedy_search(step_fn, cache, start_id, end_id, max_lengths, length_alpha=0.6):
@@ -152,14 +159,14 @@ def greedy_search(step_fn, cache, start_id, end_id, max_lengths, length_alpha=0.
     """
     max_lengths = tf.convert_to_tensor(max_lengths, tf.int32)
     steps = num_steps(max_lengths)
-    greedy = _GreedyPath(max_lengths, steps)
+    greedy = _GreedyPath(max_lengths, steps, end_id)
 
     def not_done(step, cache, last, state):
-        return (step < steps) & ~tf.reduce_all(state[0])
+        return (step < steps) & ~tf.reduce_all(state.finished)
 
     def one_step(step, cache, last, state):
         log_probs, cache = _log_probs(step_fn, last, cache, step, start_id)
-        chosen, state = greedy.step(state, log_probs, step, end_id)
+        chosen, state = greedy.advance(state, log_probs, step)
         return step + 1, cache, chosen, state
 
     initial = (tf.constant(0), cache, tf.fill(tf.shape(max_lengths), tf.cast(start_id, tf.int32)), greedy.initial)
@@ -207,6 +214,7 @@ def beam_search(
             lays a sentence's cache out so). Rows are reordered by a gather on
             `cache_batch_axis` as beams survive and die.
         max_lengths: `(batch,)` int32, one limit per sentence.
+        cache_batch_axis: the rows' axis in every cache tensor.
         stop_early: end a sentence once its best final hypothesis cannot be
             beaten (False: only once it has `beam_size` of them; the same
             result, in more steps).
@@ -226,7 +234,7 @@ def beam_search(
     candidates_kept = 2 * beam_size  # enough that beam_size of them did not end
     within_beam = tf.range(candidates_kept)[None, :] < beam_size
     sentence_offsets = tf.range(batch)[:, None] * rows
-    greedy = _GreedyPath(max_lengths, steps)
+    greedy = _GreedyPath(max_lengths, steps, end_id) if keep_greedy else None
 
     def not_done(step, done, *_):
         return (step < steps) & ~tf.reduce_all(done)
@@ -260,10 +268,10 @@ def beam_search(
         beam_done |= (final_count >= beam_size) | (step + 1 >= max_lengths)
         if keep_greedy:
             # The greedy row keeps its own cache.
-            chosen, greedy_state = greedy.step(greedy_state, log_probs[:, beam_size], step, end_id)
+            chosen, greedy_state = greedy.advance(greedy_state, log_probs[:, beam_size], step)
             parents = tf.concat([parents, sentence_offsets + beam_size], axis=1)
             next_tokens = tf.concat([next_tokens, chosen[:, None]], axis=1)
-            done = tf.stack([beam_done, greedy_state[0]], axis=1)
+            done = tf.stack([beam_done, greedy_state.finished], axis=1)
         else:
             done = beam_done[:, None]
         parents = tf.reshape(parents, [-1])
@@ -286,10 +294,12 @@ def beam_search(
         tf.zeros([batch], tf.int32),
         greedy.initial if keep_greedy else (),
     )
-    results = tf.while_loop(not_done, one_step, initial, shape_invariants=_loop_shapes(initial, 2))
+    *_, final, final_scores, _, greedy_state = tf.while_loop(
+        not_done, one_step, initial, shape_invariants=_loop_shapes(initial, 2)
+    )
     # top_k keeps the final hypotheses sorted: the first is the best.
-    found = results[6][:, 0], results[7][:, 0]
-    return higher_scoring(found, greedy.result(results[9], length_alpha)) if keep_greedy else found
+    found = final[:, 0], final_scores[:, 0]
+    return higher_scoring(found, greedy.result(greedy_state, length_alpha)) if keep_greedy else found
 
 
 def _cannot_be_beaten(best_final, final_count, live_log_probs, step, max_lengths, length_alpha):

@@ -14,9 +14,10 @@ the Transformer's API:
    writing the new position's in place at the step's index
    (`model.decode(..., cache=..., cache_index=index)`). The cache starts
    with room for `INITIAL_CACHE_ROOM` positions and doubles when full
-   (`layers.attention.grow_cache`): most translations are far shorter than
-   the longest allowed, and every step copies its cache (beam search
-   reorders it) and attends over all of it.
+   (`grow_cache`): most translations are far shorter than the longest
+   allowed, and every step copies its cache (beam search reorders it) and
+   attends over all of it. XLA needs fixed shapes: `growing_cache=False`
+   gives the cache all its room at once.
 
 `transformer_search` puts the pieces together: the per-sentence output
 limits, the step function, and greedy or beam search.
@@ -31,7 +32,6 @@ from keras_transformer.inference.search import (
     num_steps,
     write_column,
 )
-from keras_transformer.layers.attention import grow_cache
 from keras_transformer.layers.masks import padding_mask
 
 # Output positions a translation's self-attention cache has room for at first.
@@ -56,27 +56,49 @@ def output_limits(model, source_ids, max_extra_length=50, max_output_length=None
     return tf.minimum(source_lengths + max_extra_length, output_length_cap(model, max_output_length))
 
 
-def transformer_step(model, source_ids, max_length, beams=1, use_cache=True):
+def grow_cache(cache, index, max_length):
+    """A self-attention cache with room for output position `index`: doubled (to at most `max_length`) when full.
+
+    `cache` is `(2, rows, heads, room, head_dim)` (`MultiHeadAttention`'s
+    layout), positions below `index` filled. While `index < room` it is
+    returned as it is; else with as many new zero slots as it has (fewer
+    where `max_length` is nearer), so that the copies made while growing
+    add up to less than the final room.
+    """
+    room = tf.shape(cache)[3]
+
+    def doubled():
+        rows, heads, head_dim = tf.shape(cache)[1], tf.shape(cache)[2], tf.shape(cache)[4]
+        new_slots = tf.zeros([2, rows, heads, tf.minimum(room, max_length - room), head_dim], cache.dtype)
+        return tf.concat([cache, new_slots], axis=3)
+
+    return tf.cond(index < room, lambda: cache, doubled)
+
+
+def transformer_step(model, source_ids, max_length, beams=1, use_cache=True, growing_cache=True):
     """Encode `source_ids` once; return the searches' step function and its initial cache.
 
     Args:
         model: a `keras_transformer.models.Transformer`.
         source_ids: `(batch, source_length)` int32, 0 = padding.
-        max_length: how many output positions the cache has room for
+        max_length: the most output positions the cache will hold
             (`search.num_steps` of the searches' `max_lengths`).
-        beams: copies of every sentence: the step function and the cache
-            serve `batch * beams` rows, a sentence's copies next to each
-            other, as `beam_search` with `beam_size=beams` expects.
+        beams: rows per sentence: the step function and the cache serve
+            `batch * beams` rows, a sentence's rows next to each other, as
+            `beam_search` expects (`beam_size`, plus 1 with `keep_greedy`).
         use_cache: decode on the key/value cache; else every step re-runs
             the decoder on the whole prefix (the plain reference the cached
             path is tested and benchmarked against).
+        growing_cache: start the cache with room for `INITIAL_CACHE_ROOM`
+            positions and double it when full; False: `max_length` from the
+            start (fixed shapes, for XLA).
 
     Returns:
         `(step_fn, cache)`. `step_fn(tokens, cache, index) -> (logits,
         cache)`: `tokens` `(rows,)` are the tokens at output position
         `index` ([START] at 0), `logits` `(rows, target_vocab)` float32 those
         of the next token. With `use_cache` the cache is one self-attention
-        cache per decoder layer, `(2, rows, heads, max_length, head_dim)`:
+        cache per decoder layer, `(2, rows, heads, room, head_dim)`:
         rows on axis 1 (keys and values are stacked on axis 0). Without, it is
         the decoder's inputs so far, `(rows, max_length)`: rows on axis 0.
         `cache_batch_axis(use_cache)` says which.
@@ -89,7 +111,8 @@ def transformer_step(model, source_ids, max_length, beams=1, use_cache=True):
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)
     memory = model.encode(source_ids)
     source_mask = padding_mask(source_ids)
-    caches = model.build_cache(memory, tf.minimum(INITIAL_CACHE_ROOM, max_length)) if use_cache else None
+    room = tf.minimum(INITIAL_CACHE_ROOM, max_length) if growing_cache else max_length
+    caches = model.build_cache(memory, room) if use_cache else None
     # Encoded once; every beam of a sentence then gets its own copy of the context.
     repeat = lambda value, axis=0: tf.repeat(value, beams, axis=axis) if beams > 1 else value  # noqa: E731
     source_mask = repeat(source_mask)
@@ -112,7 +135,8 @@ def transformer_step(model, source_ids, max_length, beams=1, use_cache=True):
     own_keys_values = [repeat(layer["self_attention"], axis=1) for layer in caches]
 
     def cached_step(tokens, cache, index):
-        cache = [grow_cache(own, index, max_length) for own in cache]
+        if growing_cache:
+            cache = [grow_cache(own, index, max_length) for own in cache]
         layers = [{"self_attention": own, "cross_attention": source} for own, source in zip(cache, source_keys_values)]
         logits, layers = model.decode(tokens[:, None], encoder_padding_mask=source_mask, cache=layers, cache_index=index)
         return logits[:, 0], [layer["self_attention"] for layer in layers]
@@ -183,6 +207,7 @@ def transformer_search(
     max_output_length=None,
     use_cache=True,
     keep_greedy=True,
+    growing_cache=True,
 ):
     """Translate source ids with a `Transformer`: greedy search for `beam_size=1`, else beam search.
 
@@ -199,6 +224,7 @@ def transformer_search(
         keep_greedy: with beam search, also follow the greedy path (one more
             row per sentence in the same steps) and keep it where it scores
             better, so that beam search never returns a worse score than greedy.
+        growing_cache: see `transformer_step` (False under XLA).
 
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`, as the searches.
@@ -211,12 +237,13 @@ def transformer_search(
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)
     max_lengths = output_limits(model, source_ids, max_extra_length, max_output_length)
     search = dict(start_id=start_id, end_id=end_id, max_lengths=max_lengths, length_alpha=length_alpha)
+    cache_settings = dict(use_cache=use_cache, growing_cache=growing_cache)
     if beam_size == 1:
-        step_fn, cache = transformer_step(model, source_ids, num_steps(max_lengths), use_cache=use_cache)
+        step_fn, cache = transformer_step(model, source_ids, num_steps(max_lengths), **cache_settings)
         return greedy_search(step_fn, cache, **search)
     # The greedy path is one more row per sentence in the same steps.
     rows = beam_size + 1 if keep_greedy else beam_size
-    step_fn, cache = transformer_step(model, source_ids, num_steps(max_lengths), beams=rows, use_cache=use_cache)
+    step_fn, cache = transformer_step(model, source_ids, num_steps(max_lengths), beams=rows, **cache_settings)
     return beam_search(step_fn, cache, beam_size=beam_size, cache_batch_axis=cache_batch_axis(use_cache),
                        keep_greedy=keep_greedy, **search)
 

@@ -45,8 +45,8 @@ not a copy).
   the layer projects only the new positions, writes their keys and values at
   `cache_index`, and attends over the filled part.
   A cache may start with room for a few positions and grow as decoding
-  goes on (`grow_cache`): a step then copies and attends over about as
-  many positions as it has written, not the longest output allowed.
+  goes on (`inference.steps` doubles the Transformer's): a step then copies
+  and attends over about as many positions as it has written.
 * A *cross-attention* cache holds the projected encoder output
   (`MultiHeadAttention.compute_cache`), computed once per source sentence;
   it is passed as `cache` with no `cache_index` and is never written.
@@ -214,32 +214,6 @@ def _write_cache(cache, keys_values, cache_index):
     )
     slots = ops.reshape(ops.stack(grids, axis=-1), (-1, 4))
     return ops.scatter_update(cache, slots, ops.reshape(keys_values, (-1, ops.shape(keys_values)[4])))
-
-
-def grow_cache(cache, cache_index, max_length):
-    """A self-attention cache with room for position `cache_index`: doubled (at most to `max_length`) when full.
-
-    Args:
-        cache: `(2, batch, heads, room, key_dim)`, positions below
-            `cache_index` filled.
-        cache_index: the position the next step writes (a scalar tensor).
-        max_length: the most positions the cache ever needs.
-
-    Returns:
-        `cache` itself while `cache_index < room`, else a copy with the
-        new slots zero. Doubling keeps the copies' total below twice the
-        final room, and a step's cost proportional to the positions used.
-    """
-    room = ops.shape(cache)[3]
-
-    def doubled():
-        extra = ops.minimum(room, max_length - room)
-        new_slots = ops.zeros(
-            (2, ops.shape(cache)[1], ops.shape(cache)[2], extra, ops.shape(cache)[4]), dtype=cache.dtype
-        )
-        return ops.concatenate([cache, new_slots], axis=3)
-
-    return ops.cond(cache_index < room, lambda: cache, doubled)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
