@@ -230,10 +230,10 @@ def beam_search(
     max_lengths = tf.convert_to_tensor(max_lengths, tf.int32)
     batch = tf.shape(max_lengths)[0]
     steps = num_steps(max_lengths)
-    rows = beam_size + 1 if keep_greedy else beam_size
+    rows_per_sentence = beam_size + 1 if keep_greedy else beam_size
     candidates_kept = 2 * beam_size  # enough that beam_size of them did not end
     within_beam = tf.range(candidates_kept)[None, :] < beam_size
-    sentence_offsets = tf.range(batch)[:, None] * rows
+    sentence_offsets = tf.range(batch)[:, None] * rows_per_sentence
     greedy = _GreedyPath(max_lengths, steps, end_id) if keep_greedy else None
 
     def not_done(step, done, *_):
@@ -242,7 +242,7 @@ def beam_search(
     def one_step(step, done, cache, last, live, live_log_probs, final, final_scores, final_count, greedy_state):
         log_probs, cache = _log_probs(step_fn, last, cache, step, start_id)
         vocab_size = log_probs.shape[-1] or tf.shape(log_probs)[-1]
-        log_probs = tf.reshape(log_probs, [batch, rows, vocab_size])
+        log_probs = tf.reshape(log_probs, [batch, rows_per_sentence, vocab_size])
         extensions = tf.reshape(live_log_probs[:, :, None] + log_probs[:, :beam_size], [batch, -1])
         top_log_probs, top = tf.math.top_k(extensions, k=candidates_kept)
         beam_index, tokens = top // vocab_size, top % vocab_size
@@ -286,7 +286,7 @@ def beam_search(
         tf.constant(0),
         tf.zeros([batch, 2 if keep_greedy else 1], tf.bool),  # the beams done; the greedy path finished
         cache,
-        tf.fill([batch * rows], tf.cast(start_id, tf.int32)),
+        tf.fill([batch * rows_per_sentence], tf.cast(start_id, tf.int32)),
         no_sequences,
         tf.tile(first_beam_only[None], [batch, 1]),
         no_sequences,

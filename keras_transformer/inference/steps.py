@@ -242,8 +242,9 @@ def transformer_search(
         step_fn, cache = transformer_step(model, source_ids, num_steps(max_lengths), **cache_settings)
         return greedy_search(step_fn, cache, **search)
     # The greedy path is one more row per sentence in the same steps.
-    rows = beam_size + 1 if keep_greedy else beam_size
-    step_fn, cache = transformer_step(model, source_ids, num_steps(max_lengths), beams=rows, **cache_settings)
+    rows_per_sentence = beam_size + 1 if keep_greedy else beam_size
+    step_fn, cache = transformer_step(model, source_ids, num_steps(max_lengths), beams=rows_per_sentence,
+                                      **cache_settings)
     return beam_search(step_fn, cache, beam_size=beam_size, cache_batch_axis=cache_batch_axis(use_cache),
                        keep_greedy=keep_greedy, **search)
 
