@@ -201,8 +201,9 @@ def beam_search(
 
     Pruning can drop the greedy path early and end on a worse hypothesis:
     with `keep_greedy`, one more row per sentence follows the greedy path
-    in the same model steps, and the better of the two is returned, so
-    beam search never scores worse than greedy search.
+    in the same model steps (until it ends, or provably cannot beat the
+    beams), and the better of the two is returned, so beam search never
+    scores worse than greedy search.
 
     Args:
         step_fn: as for `greedy_search`, on `batch * rows` rows, `rows =
@@ -267,8 +268,13 @@ def beam_search(
         next_tokens = tf.gather(tokens, best, batch_dims=1)
         beam_done |= (final_count >= beam_size) | (step + 1 >= max_lengths)
         if keep_greedy:
-            # The greedy row keeps its own cache.
+            # The greedy row keeps its own cache. It stops once it cannot beat the
+            # best final hypothesis (the same bound as the beams'): then the beams
+            # win whatever it does, and the batch need not wait for it.
             chosen, greedy_state = greedy.advance(greedy_state, log_probs[:, beam_size], step)
+            hopeless = _cannot_be_beaten(final_scores[:, 0], final_count, greedy_state.log_prob_sum[:, None], step,
+                                         max_lengths, length_alpha)
+            greedy_state = greedy_state._replace(finished=greedy_state.finished | hopeless)
             parents = tf.concat([parents, sentence_offsets + beam_size], axis=1)
             next_tokens = tf.concat([next_tokens, chosen[:, None]], axis=1)
             done = tf.stack([beam_done, greedy_state.finished], axis=1)
