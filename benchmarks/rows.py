@@ -170,7 +170,7 @@ def _our_decoder(args, config):
     # [END] is an id the model never produces, so every sentence runs the full NEW_TOKENS steps.
     settings = dict(
         start_id=1, end_id=-1, max_extra_length=NEW_TOKENS, max_output_length=NEW_TOKENS, use_cache=not args.no_cache,
-        beam_size=1 if args.search == "greedy" else args.beam_size, growing_cache=not args.jit,  # XLA: fixed shapes
+        beam_size=1 if args.search == "greedy" else args.beam_size, static_shapes=args.jit,  # XLA: fixed shapes
     )
     return tf.function(lambda source: transformer_search(model, source, **settings)[0], jit_compile=args.jit)
 

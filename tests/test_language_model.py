@@ -108,7 +108,7 @@ def test_draws_follow_the_softmax_of_the_filtered_logits():
     # the probabilities. ([END], id 3, has none.)
     draws = 4000
     logits = tf.math.log(tf.constant([[0.5, 0.3, 0.2, 1e-12]]))
-    step_fn = lambda tokens, cache, index: (logits, cache)  # noqa: E731
+    step_fn = lambda tokens, cache, index, context: (logits, cache)  # noqa: E731
 
     @tf.function
     def text(top_k):
@@ -129,7 +129,7 @@ def test_top_k_1_and_a_tiny_top_p_are_greedy_and_end_stops_a_text():
     np.testing.assert_allclose(filter_logits(logits, temperature=2.0), logits / 2)
 
     # A model that always prefers [END] after the prompt: texts end at once.
-    def step_fn(tokens, cache, index):
+    def step_fn(tokens, cache, index, context):
         return tf.one_hot(tf.fill(tf.shape(tokens), END), VOCAB) * 10.0, cache
 
     prompts, lengths = prompts_of([[2, 5, 6], [2]])

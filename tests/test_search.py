@@ -98,10 +98,11 @@ def test_beam_of_one_is_greedy(model):
 
     def search(x, beam_search_of_one=False):
         max_lengths = output_limits(model, x, max_extra_length=6)
-        step_fn, cache = transformer_step(model, x, num_steps(max_lengths))
+        step_fn, cache, context = transformer_step(model, x, num_steps(max_lengths))
+        settings = dict(context=context, cache_batch_axis=1)
         if beam_search_of_one:
-            return beam_search(step_fn, cache, START, END, max_lengths, beam_size=1, cache_batch_axis=1)
-        return greedy_search(step_fn, cache, START, END, max_lengths)
+            return beam_search(step_fn, cache, START, END, max_lengths, beam_size=1, **settings)
+        return greedy_search(step_fn, cache, START, END, max_lengths, **settings)
 
     greedy_tokens, greedy_scores = tf.function(search)(ids)
     beam_tokens, beam_scores = tf.function(lambda x: search(x, beam_search_of_one=True))(ids)
@@ -254,7 +255,7 @@ def toy_step(table, cache_batch_axis=0):
     """A trigram model as a step function: its cache holds each row's previous token."""
     log_table = tf.math.log(tf.constant(table, tf.float32))
 
-    def step_fn(tokens, cache, index):
+    def step_fn(tokens, cache, index, context):
         previous = cache["previous"][0] if cache_batch_axis == 1 else cache["previous"]
         logits = tf.gather_nd(log_table, tf.stack([previous, tokens], axis=1))
         return logits, {"previous": tokens[None] if cache_batch_axis == 1 else tokens}
@@ -326,7 +327,8 @@ def test_searches_return_what_a_random_step_function_scores_them(cache_batch_axi
     first, max_lengths = [3, 4, 5, 6, 0], [1, 3, 4, 5, 6]
     step_fn = toy_step(table, cache_batch_axis)
     settings = dict(start_id=TOY_START, end_id=TOY_END, max_lengths=max_lengths, length_alpha=alpha)
-    greedy = tf.function(lambda cache: greedy_search(step_fn, cache, **settings))(toy_cache(first, 1, cache_batch_axis))
+    greedy = tf.function(lambda cache: greedy_search(step_fn, cache, cache_batch_axis=cache_batch_axis, **settings))(
+        toy_cache(first, 1, cache_batch_axis))
     for beams in (1, 2, 3):
         found = tf.function(lambda cache: beam_search(step_fn, cache, beam_size=beams, cache_batch_axis=cache_batch_axis,
                                                       **settings))(toy_cache(first, beams, cache_batch_axis))
@@ -373,7 +375,7 @@ def test_searches_compile_with_xla_on_a_cache_with_all_its_room(model, beam_size
     ids = sources(5)
     settings = dict(start_id=START, end_id=END, beam_size=beam_size, max_extra_length=20)
     plain = tf.function(lambda x: transformer_search(model, x, **settings))(ids)
-    compiled = tf.function(lambda x: transformer_search(model, x, growing_cache=False, **settings), jit_compile=True)(ids)
+    compiled = tf.function(lambda x: transformer_search(model, x, static_shapes=True, **settings), jit_compile=True)(ids)
     assert (plain[0].numpy() != 0).sum(axis=1).max() > decoding_steps.INITIAL_CACHE_ROOM  # the plain one's cache grew
     np.testing.assert_array_equal(compiled[0].numpy(), plain[0].numpy())
     np.testing.assert_allclose(compiled[1].numpy(), plain[1].numpy(), atol=1e-5)
@@ -395,9 +397,9 @@ def test_stopping_once_the_best_cannot_be_beaten_returns_the_same_in_fewer_steps
             for stop_early in (True, False):
                 counted = toy_step(table)
 
-                def step_fn(tokens, cache, index, counted=counted, stop_early=stop_early):
+                def step_fn(tokens, cache, index, context, counted=counted, stop_early=stop_early):
                     steps[stop_early] += 1
-                    return counted(tokens, cache, index)
+                    return counted(tokens, cache, index, context)
 
                 found[stop_early] = beam_search(  # eager: the loop runs in Python, each step counted
                     step_fn, toy_cache(first, beams), TOY_START, TOY_END, max_lengths, beam_size=beams,

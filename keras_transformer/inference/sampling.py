@@ -11,7 +11,8 @@ distribution instead, reshaped by three settings:
   probabilities add up to at least p, "nucleus sampling" (Holtzman et al., 2020).
 
 The sampler drives the same step function as the searches,
-`step_fn(tokens, cache, index) -> (logits, cache)`: at position t it feeds
+`step_fn(tokens, cache, index, context) -> (logits, cache)` (with no
+context: a language model reads none): at position t it feeds
 every row its token t and gets the logits of token t + 1 (the positions all
 prompts share are read into the cache first, in one pass). Prompts of
 different lengths come right-padded in one batch: while a row is inside its
@@ -80,7 +81,8 @@ def sample(
     """Continue each prompt with tokens drawn from the model.
 
     Args:
-        step_fn: `(tokens, cache, index) -> (logits, cache)` (see `search`); one row per prompt.
+        step_fn: `(tokens, cache, index, context) -> (logits, cache)` (see `search`); one row per prompt,
+            called with an empty context.
         cache: its initial cache, with room for
             `prompt width + max_new_tokens` positions.
         prompts: `(rows, width)` int32, each right-padded with 0; at least one token each.
@@ -116,7 +118,7 @@ def sample(
 
     def one_step(position, finished, cache, tokens):
         current = tf.gather(tokens, position, axis=1)
-        logits, cache = step_fn(current, cache, position)
+        logits, cache = step_fn(current, cache, position, ())
         for token_id in never:
             logits = write_column(logits, token_id, tf.fill([rows], NEG_INF))
         drawn = tf.argmax(logits, axis=-1, output_type=tf.int32)  # temperature 0: greedy

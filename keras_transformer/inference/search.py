@@ -6,29 +6,39 @@ but terminate early when possible."
 
 The searches know nothing about the model. They drive a step function
 
-    step_fn(tokens, cache, index) -> (logits, cache)
+    step_fn(tokens, cache, index, context) -> (logits, cache)
 
 that, given the newest token of every row (`tokens`, `(rows,)` int32, the
-token at output position `index`; [START] at index 0) and the model's state
-(`cache`), returns the logits of the token that follows (`(rows, vocab)`)
-and the updated state. Only the model knows what the cache holds and how a
-step uses it; `inference.steps.transformer_step` builds the step function of
-the encoder-decoder Transformer (encode the source once, then one decoder
-step on the key/value cache), and a decoder-only model would build its own.
-This is how keras-hub's samplers are written (against `next(prompt, cache,
-index)`).
+token at output position `index`; [START] at index 0) and the model's state,
+returns the logits of the token that follows (`(rows, vocab)`) and the
+updated cache. Only the model knows what its state holds and how a step uses
+it; `inference.steps.transformer_step` builds the step function of the
+encoder-decoder Transformer (encode the source once, then one decoder step
+on the key/value cache), and a decoder-only model builds its own. This is
+how keras-hub's samplers are written (against `next(prompt, cache, index)`).
 
-The cache contract: a nested structure (lists, tuples, dicts) of tensors,
-each holding the rows on one axis (beam search's `cache_batch_axis`). The
-step function returns it with the same structure; it may grow a tensor
-along any other axis (the Transformer's step doubles its room as positions
-fill), and one that keeps every shape fixed (writing in place at `index`,
-as the language model's does, and the Transformer's with
-`growing_cache=False`) keeps the searches XLA friendly. Beam search runs
-`beam_size` rows a sentence (one more with `keep_greedy`), a sentence's
-rows next to each other, and after every step gathers the cache rows of the
-beams that survive; what is the same for every row of a sentence (an
-encoded source) belongs in the step function, not in the cache.
+The state comes in two parts, nested structures (lists, tuples, dicts) of
+tensors with a row of each tensor per row of the search:
+
+- `cache`: what every step updates (the self-attention keys and values so
+  far), rows on axis `cache_batch_axis`. The step function returns it with
+  the same structure; it may grow a tensor along any other axis (the
+  Transformer's step doubles its room as positions fill). One that keeps
+  every shape fixed (writing in place at `index`, as the language model's
+  does, and the Transformer's with `growing_cache=False`) keeps the searches
+  XLA friendly. Beam search runs `beam_size` rows a sentence (one more with
+  `keep_greedy`), a sentence's rows next to each other, and after every step
+  gathers the cache rows of the hypotheses that survive.
+- `context`: what no step changes (the encoded source), rows on axis 0.
+  The searches never reorder it, because every row of a sentence holds the
+  same; they only drop the rows of sentences that have finished.
+
+Sentences end at different steps: a short one is done long before the
+longest in its batch. With `drop_finished` the searches set a finished
+sentence's result aside and drop its rows from the cache and the context,
+so that every later step computes only for the sentences still searching,
+as CTranslate2 does. That changes the rows' count from step to step; XLA,
+which needs fixed shapes, takes `drop_finished=False`.
 
 Everything is TensorFlow ops, so the searches run inside `tf.function` and in
 an exported SavedModel. Each sentence stops at [END] or at its own limit
@@ -87,9 +97,9 @@ def _never_generate(log_probs, start_id):
     return tf.where(forbidden, tf.cast(NEG_INF, log_probs.dtype), log_probs)
 
 
-def _log_probs(step_fn, last, cache, step, start_id):
+def _log_probs(step_fn, last, cache, step, context, start_id):
     """One model step: log-probabilities of every next token, and the updated cache."""
-    logits, cache = step_fn(last, cache, step)
+    logits, cache = step_fn(last, cache, step, context)
     return _never_generate(tf.nn.log_softmax(logits), start_id), cache
 
 
@@ -98,6 +108,35 @@ def write_column(buffer, column, values):
     positions = tf.range(tf.shape(buffer)[-1])
     return tf.where(positions == column, values[..., None], buffer)
 
+
+# -- the sentences still searching -----------------------------------------------
+
+# The sentences a search still works on: their places in the batch, and their limits.
+Sentences = collections.namedtuple("Sentences", ["ids", "max_lengths"])
+
+
+def _take(structure, indices, axis=0):
+    """Every tensor of `structure`, cut down to `indices` on `axis`."""
+    return tf.nest.map_structure(lambda value: tf.gather(value, indices, axis=axis), structure)
+
+
+def _unfinished(finished, rows_per_sentence):
+    """`(sentences, rows)`: where the unfinished sentences are, and where their rows are."""
+    sentences = tf.cast(tf.where(~finished)[:, 0], tf.int32)
+    rows = sentences[:, None] * rows_per_sentence + tf.range(rows_per_sentence)[None, :]
+    return sentences, tf.reshape(rows, [-1])
+
+
+def _set_aside(results, ids, found):
+    """`results` (the whole batch's `(tokens, scores)`) with the rows `ids` set to `found`."""
+    return tuple(tf.tensor_scatter_nd_update(whole, ids[:, None], part) for whole, part in zip(results, found))
+
+
+def _no_results(batch, steps):
+    return tf.zeros([batch, steps], tf.int32), tf.zeros([batch], tf.float32)
+
+
+# -- greedy search --------------------------------------------------------------------
 
 GreedyState = collections.namedtuple("GreedyState", ["finished", "tokens", "log_prob_sum", "lengths"])
 
@@ -109,24 +148,25 @@ class _GreedyPath:
     beside its beams, in the same model steps.
     """
 
-    def __init__(self, max_lengths, steps, end_id):
-        self.max_lengths = max_lengths
+    def __init__(self, end_id):
         self.end_id = end_id
-        batch = tf.shape(max_lengths)[0]
-        self.initial = GreedyState(
+
+    @staticmethod
+    def initial(batch, steps):
+        return GreedyState(
             finished=tf.zeros([batch], tf.bool),
             tokens=tf.zeros([batch, steps], tf.int32),
             log_prob_sum=tf.zeros([batch], tf.float32),
             lengths=tf.zeros([batch], tf.int32),
         )
 
-    def advance(self, state, log_probs, position):
+    def advance(self, state, log_probs, position, max_lengths):
         """Pick each sentence's most probable token at output `position`: `(chosen, state)`, [PAD] once finished."""
         chosen = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
         chosen = tf.where(state.finished, 0, chosen)
         chosen_log_prob = tf.gather(log_probs, chosen, batch_dims=1)
         return chosen, GreedyState(
-            finished=state.finished | (chosen == self.end_id) | (position + 1 >= self.max_lengths),
+            finished=state.finished | (chosen == self.end_id) | (position + 1 >= max_lengths),
             tokens=write_column(state.tokens, position, chosen),
             log_prob_sum=state.log_prob_sum + tf.where(state.finished, 0.0, chosen_log_prob),
             lengths=state.lengths + tf.where(state.finished, 0, 1),
@@ -138,40 +178,90 @@ class _GreedyPath:
         return state.tokens, state.log_prob_sum / length_penalty(state.lengths, length_alpha)
 
 
-def greedy_search(step_fn, cache, start_id, end_id, max_lengths, length_alpha=0.6):
+def greedy_search(
+    step_fn,
+    cache,
+    start_id,
+    end_id,
+    max_lengths,
+    length_alpha=0.6,
+    context=(),
+    cache_batch_axis=0,
+    drop_finished=True,
+):
     """Pick the most probable token at every step.
 
     Args:
-        step_fn: `(tokens, cache, index) -> (logits, cache)`, see the module
-            docstring; one row per sentence.
-        cache: its initial cache.
+        step_fn: `(tokens, cache, index, context) -> (logits, cache)`, see
+            the module docstring; one row per sentence.
+        cache: its initial cache, rows on `cache_batch_axis`.
         start_id, end_id: the output vocabulary's [START] and [END] ids.
         max_lengths: `(batch,)` int32, each sentence's longest output.
         length_alpha: alpha of the length penalty used for the returned score.
+        context: what the step function reads but never changes, rows on
+            axis 0 (default: nothing).
+        cache_batch_axis: the rows' axis in every cache tensor.
+        drop_finished: drop a sentence's rows once it has finished (False:
+            fixed shapes, for XLA; the same result).
 
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`, `steps =
         num_steps(max_lengths)`.
 
     Example:
-    >>> step_fn, cache = transformer_step(model, source_ids, num_steps(max_lengths))
-    >>> tokens, scores = greedy_search(step_fn, cache, start_id, end_id, max_lengths)
+    >>> step_fn, cache, context = transformer_step(model, source_ids, num_steps(max_lengths))
+    >>> tokens, scores = greedy_search(step_fn, cache, start_id, end_id, max_lengths, context=context,
+    ...                                cache_batch_axis=1)
     """
     max_lengths = tf.convert_to_tensor(max_lengths, tf.int32)
+    batch = tf.shape(max_lengths)[0]
     steps = num_steps(max_lengths)
-    greedy = _GreedyPath(max_lengths, steps, end_id)
+    greedy = _GreedyPath(end_id)
 
-    def not_done(step, cache, last, state):
+    def not_done(step, sentences, cache, context, last, state, results):
         return (step < steps) & ~tf.reduce_all(state.finished)
 
-    def one_step(step, cache, last, state):
-        log_probs, cache = _log_probs(step_fn, last, cache, step, start_id)
-        chosen, state = greedy.advance(state, log_probs, step)
-        return step + 1, cache, chosen, state
+    def one_step(step, sentences, cache, context, last, state, results):
+        log_probs, cache = _log_probs(step_fn, last, cache, step, context, start_id)
+        chosen, state = greedy.advance(state, log_probs, step, sentences.max_lengths)
+        if drop_finished:
 
-    initial = (tf.constant(0), cache, tf.fill(tf.shape(max_lengths), tf.cast(start_id, tf.int32)), greedy.initial)
-    *_, state = tf.while_loop(not_done, one_step, initial, shape_invariants=_loop_shapes(initial, 1))
-    return greedy.result(state, length_alpha)
+            def drop():
+                done_ids = tf.boolean_mask(sentences.ids, state.finished)
+                answers = _take(greedy.result(state, length_alpha), tf.where(state.finished)[:, 0])
+                kept, kept_rows = _unfinished(state.finished, 1)
+                return (_set_aside(results, done_ids, answers), _take((sentences, chosen, state), kept),
+                        _take(cache, kept_rows, cache_batch_axis), _take(context, kept_rows))
+
+            results, (sentences, chosen, state), cache, context = tf.cond(
+                tf.reduce_any(state.finished), drop, lambda: (results, (sentences, chosen, state), cache, context))
+        return step + 1, sentences, cache, context, chosen, state, results
+
+    initial = (
+        tf.constant(0),
+        Sentences(tf.range(batch), max_lengths),
+        cache,
+        context,
+        tf.fill([batch], tf.cast(start_id, tf.int32)),
+        greedy.initial(batch, steps),
+        _no_results(batch, steps),
+    )
+    _, sentences, _, _, _, state, results = tf.while_loop(
+        not_done, one_step, initial, shape_invariants=_loop_shapes(initial, 2)
+    )
+    # Without drop_finished every sentence is still here; with it, none is.
+    return _set_aside(results, sentences.ids, greedy.result(state, length_alpha))
+
+
+# -- beam search -----------------------------------------------------------------------
+
+
+# A beam search's hypotheses, per sentence: `done` (the beams; the greedy path),
+# the live ones with their log-probabilities, the final ones with their scores
+# and count, and the greedy path's state (with `keep_greedy`).
+BeamState = collections.namedtuple(
+    "BeamState", ["done", "live", "live_log_probs", "final", "final_scores", "final_count", "greedy"]
+)
 
 
 def beam_search(
@@ -182,9 +272,11 @@ def beam_search(
     max_lengths,
     beam_size=4,
     length_alpha=0.6,
+    context=(),
     cache_batch_axis=0,
     stop_early=True,
     keep_greedy=False,
+    drop_finished=True,
 ):
     """Keep the `beam_size` most probable hypotheses at every step; return the best.
 
@@ -214,6 +306,7 @@ def beam_search(
             holding the same (`tf.repeat(..., rows, axis=cache_batch_axis)`
             lays a sentence's cache out so). Rows are reordered by a gather on
             `cache_batch_axis` as beams survive and die.
+        context: as for `greedy_search`, for those rows.
         max_lengths: `(batch,)` int32, one limit per sentence.
         cache_batch_axis: the rows' axis in every cache tensor.
         stop_early: end a sentence once its best final hypothesis cannot be
@@ -221,6 +314,8 @@ def beam_search(
             result, in more steps).
         keep_greedy: follow the greedy path too, and return it where it
             scores better.
+        drop_finished: drop a sentence's rows once it is done (False: fixed
+            shapes, for XLA; the same result).
         Other arguments as `greedy_search`.
 
     Returns:
@@ -234,24 +329,32 @@ def beam_search(
     rows_per_sentence = beam_size + 1 if keep_greedy else beam_size
     candidates_kept = 2 * beam_size  # enough that beam_size of them did not end
     within_beam = tf.range(candidates_kept)[None, :] < beam_size
-    sentence_offsets = tf.range(batch)[:, None] * rows_per_sentence
-    greedy = _GreedyPath(max_lengths, steps, end_id) if keep_greedy else None
+    greedy = _GreedyPath(end_id) if keep_greedy else None
 
-    def not_done(step, done, *_):
-        return (step < steps) & ~tf.reduce_all(done)
+    def found(search):
+        """Each sentence's answer so far: its best final hypothesis, or its greedy path where that scores higher."""
+        best = search.final[:, 0], search.final_scores[:, 0]  # top_k keeps them sorted
+        return higher_scoring(best, greedy.result(search.greedy, length_alpha)) if keep_greedy else best
 
-    def one_step(step, done, cache, last, live, live_log_probs, final, final_scores, final_count, greedy_state):
-        log_probs, cache = _log_probs(step_fn, last, cache, step, start_id)
+    def not_done(step, sentences, cache, context, last, search, results):
+        return (step < steps) & ~tf.reduce_all(search.done)
+
+    def one_step(step, sentences, cache, context, last, search, results):
+        live, live_log_probs, final, final_scores = search.live, search.live_log_probs, search.final, search.final_scores
+        final_count = search.final_count
+        max_lengths = sentences.max_lengths
+        searching = tf.shape(max_lengths)[0]
+        log_probs, cache = _log_probs(step_fn, last, cache, step, context, start_id)
         vocab_size = log_probs.shape[-1] or tf.shape(log_probs)[-1]
-        log_probs = tf.reshape(log_probs, [batch, rows_per_sentence, vocab_size])
-        extensions = tf.reshape(live_log_probs[:, :, None] + log_probs[:, :beam_size], [batch, -1])
+        log_probs = tf.reshape(log_probs, [searching, rows_per_sentence, vocab_size])
+        extensions = tf.reshape(live_log_probs[:, :, None] + log_probs[:, :beam_size], [searching, -1])
         top_log_probs, top = tf.math.top_k(extensions, k=candidates_kept)
         beam_index, tokens = top // vocab_size, top % vocab_size
         top_sequences = write_column(tf.gather(live, beam_index, batch_dims=1), step, tokens)
         ends = (tokens == end_id) | (step + 1 >= max_lengths[:, None])
 
         # Set the ended ones among the first beam_size aside, scored.
-        beam_done = done[:, 0]
+        beam_done = search.done[:, 0]
         new_final = ends & within_beam & ~beam_done[:, None] & (top_log_probs > NEG_INF / 2)
         new_scores = tf.where(new_final, top_log_probs / length_penalty(step + 1, length_alpha), NEG_INF)
         final_count += tf.reduce_sum(tf.cast(new_final, tf.int32), axis=1)
@@ -264,14 +367,16 @@ def beam_search(
             beam_done |= _cannot_be_beaten(final_scores[:, 0], final_count, live_log_probs, step, max_lengths,
                                            length_alpha)
         live = tf.gather(top_sequences, best, batch_dims=1)
+        sentence_offsets = tf.range(searching)[:, None] * rows_per_sentence
         parents = sentence_offsets + tf.gather(beam_index, best, batch_dims=1)
         next_tokens = tf.gather(tokens, best, batch_dims=1)
         beam_done |= (final_count >= beam_size) | (step + 1 >= max_lengths)
+        greedy_state = search.greedy
         if keep_greedy:
             # The greedy row keeps its own cache. It stops once it cannot beat the
             # best final hypothesis (the same bound as the beams'): then the beams
             # win whatever it does, and the batch need not wait for it.
-            chosen, greedy_state = greedy.advance(greedy_state, log_probs[:, beam_size], step)
+            chosen, greedy_state = greedy.advance(greedy_state, log_probs[:, beam_size], step, max_lengths)
             hopeless = _cannot_be_beaten(final_scores[:, 0], final_count, greedy_state.log_prob_sum[:, None], step,
                                          max_lengths, length_alpha)
             greedy_state = greedy_state._replace(finished=greedy_state.finished | hopeless)
@@ -280,32 +385,51 @@ def beam_search(
             done = tf.stack([beam_done, greedy_state.finished], axis=1)
         else:
             done = beam_done[:, None]
-        parents = tf.reshape(parents, [-1])
-        cache = tf.nest.map_structure(lambda value: tf.gather(value, parents, axis=cache_batch_axis), cache)
-        return (step + 1, done, cache, tf.reshape(next_tokens, [-1]), live, live_log_probs, final, final_scores,
-                final_count, greedy_state)
+        search = BeamState(done, live, live_log_probs, final, final_scores, final_count, greedy_state)
+        if drop_finished:
+            # parents index this step's rows: gathering the cache by the kept
+            # sentences' parents below drops the others' rows at no extra cost.
+            finished = tf.reduce_all(done, axis=1)
+
+            def drop():
+                done_ids = tf.boolean_mask(sentences.ids, finished)
+                answers = _take(found(search), tf.where(finished)[:, 0])
+                kept, kept_rows = _unfinished(finished, rows_per_sentence)
+                return (_set_aside(results, done_ids, answers), _take((sentences, search, parents, next_tokens), kept),
+                        _take(context, kept_rows))
+
+            unchanged = lambda: (results, (sentences, search, parents, next_tokens), context)  # noqa: E731
+            results, (sentences, search, parents, next_tokens), context = tf.cond(
+                tf.reduce_any(finished), drop, unchanged)
+        cache = _take(cache, tf.reshape(parents, [-1]), cache_batch_axis)
+        return step + 1, sentences, cache, context, tf.reshape(next_tokens, [-1]), search, results
 
     # Only the first beam is live at the start, or every beam would be the same.
     first_beam_only = tf.concat([[0.0], tf.fill([beam_size - 1], NEG_INF)], axis=0)
     no_sequences = tf.zeros([batch, beam_size, steps], tf.int32)
+    search = BeamState(
+        done=tf.zeros([batch, 2 if keep_greedy else 1], tf.bool),  # the beams done; the greedy path finished
+        live=no_sequences,
+        live_log_probs=tf.tile(first_beam_only[None], [batch, 1]),
+        final=no_sequences,
+        final_scores=tf.fill([batch, beam_size], NEG_INF),
+        final_count=tf.zeros([batch], tf.int32),
+        greedy=greedy.initial(batch, steps) if keep_greedy else (),
+    )
     initial = (
         tf.constant(0),
-        tf.zeros([batch, 2 if keep_greedy else 1], tf.bool),  # the beams done; the greedy path finished
+        Sentences(tf.range(batch), max_lengths),
         cache,
+        context,
         tf.fill([batch * rows_per_sentence], tf.cast(start_id, tf.int32)),
-        no_sequences,
-        tf.tile(first_beam_only[None], [batch, 1]),
-        no_sequences,
-        tf.fill([batch, beam_size], NEG_INF),
-        tf.zeros([batch], tf.int32),
-        greedy.initial if keep_greedy else (),
+        search,
+        _no_results(batch, steps),
     )
-    *_, final, final_scores, _, greedy_state = tf.while_loop(
+    _, sentences, _, _, _, search, results = tf.while_loop(
         not_done, one_step, initial, shape_invariants=_loop_shapes(initial, 2)
     )
-    # top_k keeps the final hypotheses sorted: the first is the best.
-    found = final[:, 0], final_scores[:, 0]
-    return higher_scoring(found, greedy.result(greedy_state, length_alpha)) if keep_greedy else found
+    # Without drop_finished every sentence is still here; with it, none is.
+    return _set_aside(results, sentences.ids, found(search))
 
 
 def _cannot_be_beaten(best_final, final_count, live_log_probs, step, max_lengths, length_alpha):

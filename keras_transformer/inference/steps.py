@@ -8,7 +8,8 @@ the Transformer's API:
 1. encode the source once (`model.encode`);
 2. project the encoder output to every layer's cross-attention keys and
    values once (`model.build_cache`): the same for every step, and for
-   every beam of a sentence, they stay in the step function;
+   every beam of a sentence, they are the searches' `context`, which the
+   searches only cut down as sentences finish;
 3. each step runs the decoder on the newest token alone, reading the
    earlier positions' keys and values from the self-attention cache and
    writing the new position's in place at the step's index
@@ -16,8 +17,10 @@ the Transformer's API:
    with room for `INITIAL_CACHE_ROOM` positions and doubles when full
    (`grow_cache`): most translations are far shorter than the longest
    allowed, and every step copies its cache (beam search reorders it) and
-   attends over all of it. XLA needs fixed shapes: `growing_cache=False`
-   gives the cache all its room at once.
+   attends over all of it.
+
+XLA needs fixed shapes: `transformer_search(..., static_shapes=True)` gives
+the cache all its room at once and keeps finished sentences in the batch.
 
 `transformer_search` puts the pieces together: the per-sentence output
 limits, the step function, and greedy or beam search.
@@ -76,16 +79,17 @@ def grow_cache(cache, index, max_length):
 
 
 def transformer_step(model, source_ids, max_length, beams=1, use_cache=True, growing_cache=True):
-    """Encode `source_ids` once; return the searches' step function and its initial cache.
+    """Encode `source_ids` once; return the searches' step function, its initial cache and its context.
 
     Args:
         model: a `keras_transformer.models.Transformer`.
         source_ids: `(batch, source_length)` int32, 0 = padding.
         max_length: the most output positions the cache will hold
             (`search.num_steps` of the searches' `max_lengths`).
-        beams: rows per sentence: the step function and the cache serve
-            `batch * beams` rows, a sentence's rows next to each other, as
-            `beam_search` expects (`beam_size`, plus 1 with `keep_greedy`).
+        beams: rows per sentence: the step function, the cache and the
+            context serve `batch * beams` rows, a sentence's rows next to
+            each other, as `beam_search` expects (`beam_size`, plus 1 with
+            `keep_greedy`).
         use_cache: decode on the key/value cache; else every step re-runs
             the decoder on the whole prefix (the plain reference the cached
             path is tested and benchmarked against).
@@ -94,54 +98,62 @@ def transformer_step(model, source_ids, max_length, beams=1, use_cache=True, gro
             start (fixed shapes, for XLA).
 
     Returns:
-        `(step_fn, cache)`. `step_fn(tokens, cache, index) -> (logits,
-        cache)`: `tokens` `(rows,)` are the tokens at output position
-        `index` ([START] at 0), `logits` `(rows, target_vocab)` float32 those
-        of the next token. With `use_cache` the cache is one self-attention
-        cache per decoder layer, `(2, rows, heads, room, head_dim)`:
-        rows on axis 1 (keys and values are stacked on axis 0). Without, it is
-        the decoder's inputs so far, `(rows, max_length)`: rows on axis 0.
-        `cache_batch_axis(use_cache)` says which.
+        `(step_fn, cache, context)`. `step_fn(tokens, cache, index, context)
+        -> (logits, cache)`: `tokens` `(rows,)` are the tokens at output
+        position `index` ([START] at 0), `logits` `(rows, target_vocab)`
+        float32 those of the next token. With `use_cache` the cache is one
+        self-attention cache per decoder layer, `(2, rows, heads, room,
+        head_dim)`: rows on axis 1 (keys and values are stacked on axis 0),
+        and the context the source's padding mask and every layer's
+        cross-attention keys and values, a `(keys, values)` pair of `(rows,
+        heads, source_length, head_dim)`. Without, the cache is the
+        decoder's inputs so far, `(rows, max_length)`: rows on axis 0, and
+        the context the encoder output and the mask.
+        `cache_batch_axis(use_cache)` says where the cache's rows are; the
+        context's are on axis 0.
 
     Example:
     >>> max_lengths = output_limits(model, source_ids)
-    >>> step_fn, cache = transformer_step(model, source_ids, num_steps(max_lengths))
-    >>> greedy_search(step_fn, cache, start_id, end_id, max_lengths)
+    >>> step_fn, cache, context = transformer_step(model, source_ids, num_steps(max_lengths))
+    >>> greedy_search(step_fn, cache, start_id, end_id, max_lengths, context=context, cache_batch_axis=1)
     """
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)
     memory = model.encode(source_ids)
     source_mask = padding_mask(source_ids)
-    room = tf.minimum(INITIAL_CACHE_ROOM, max_length) if growing_cache else max_length
-    caches = model.build_cache(memory, room) if use_cache else None
     # Encoded once; every beam of a sentence then gets its own copy of the context.
     repeat = lambda value, axis=0: tf.repeat(value, beams, axis=axis) if beams > 1 else value  # noqa: E731
-    source_mask = repeat(source_mask)
 
     if not use_cache:
-        memory = repeat(memory)
 
-        def recomputing_step(tokens, prefix, index):
+        def recomputing_step(tokens, prefix, index, context):
             prefix = write_column(prefix, index, tokens)
-            logits = model.decode(prefix[:, : index + 1], memory, encoder_padding_mask=source_mask)
+            logits = model.decode(prefix[:, : index + 1], context["memory"], encoder_padding_mask=context["source_mask"])
             return logits[:, -1], prefix
 
-        return recomputing_step, tf.zeros([tf.shape(memory)[0], max_length], tf.int32)
+        context = {"memory": repeat(memory), "source_mask": repeat(source_mask)}
+        return recomputing_step, tf.zeros([tf.shape(source_ids)[0] * beams, max_length], tf.int32), context
 
-    # Caches hold keys and values on axis 0, the rows on axis 1. The source's
-    # keys and values are the same at every step and for every beam of a
-    # sentence: the step function holds them, and the cache the searches
-    # carry (and beam search reorders) is the self-attention caches alone.
-    source_keys_values = [repeat(layer["cross_attention"], axis=1) for layer in caches]
+    room = tf.minimum(INITIAL_CACHE_ROOM, max_length) if growing_cache else max_length
+    caches = model.build_cache(memory, room)
+    # A layer's cross-attention cache stacks keys and values on axis 0; as a
+    # (keys, values) pair each holds its rows on axis 0, as the context's must.
+    source_keys_values = [tuple(repeat(part) for part in tf.unstack(layer["cross_attention"])) for layer in caches]
     own_keys_values = [repeat(layer["self_attention"], axis=1) for layer in caches]
 
-    def cached_step(tokens, cache, index):
+    def cached_step(tokens, cache, index, context):
         if growing_cache:
             cache = [grow_cache(own, index, max_length) for own in cache]
-        layers = [{"self_attention": own, "cross_attention": source} for own, source in zip(cache, source_keys_values)]
-        logits, layers = model.decode(tokens[:, None], encoder_padding_mask=source_mask, cache=layers, cache_index=index)
+        layers = [
+            {"self_attention": own, "cross_attention": source}
+            for own, source in zip(cache, context["source_keys_values"])
+        ]
+        logits, layers = model.decode(
+            tokens[:, None], encoder_padding_mask=context["source_mask"], cache=layers, cache_index=index
+        )
         return logits[:, 0], [layer["self_attention"] for layer in layers]
 
-    return cached_step, own_keys_values
+    context = {"source_keys_values": source_keys_values, "source_mask": repeat(source_mask)}
+    return cached_step, own_keys_values, context
 
 
 def language_model_step(model, batch_size, max_length, use_cache=True):
@@ -156,17 +168,18 @@ def language_model_step(model, batch_size, max_length, use_cache=True):
 
     Returns:
         `(step_fn, cache)`, as `transformer_step`'s, with the rows on axis
-        `cache_batch_axis(use_cache)`.
+        `cache_batch_axis(use_cache)`. A language model reads no context:
+        its step function takes one (the searches pass theirs) and ignores it.
     """
     if not use_cache:
 
-        def recomputing_step(tokens, prefix, index):
+        def recomputing_step(tokens, prefix, index, context=()):
             prefix = write_column(prefix, index, tokens)
             return model.decode(prefix[:, : index + 1])[:, -1], prefix
 
         return recomputing_step, tf.zeros([batch_size, max_length], tf.int32)
 
-    def cached_step(tokens, cache, index):
+    def cached_step(tokens, cache, index, context=()):
         layers = [{"self_attention": own} for own in cache]
         logits, layers = model.decode(tokens[:, None], cache=layers, cache_index=index)
         return logits[:, 0], [layer["self_attention"] for layer in layers]
@@ -207,7 +220,7 @@ def transformer_search(
     max_output_length=None,
     use_cache=True,
     keep_greedy=True,
-    growing_cache=True,
+    static_shapes=False,
 ):
     """Translate source ids with a `Transformer`: greedy search for `beam_size=1`, else beam search.
 
@@ -224,7 +237,10 @@ def transformer_search(
         keep_greedy: with beam search, also follow the greedy path (one more
             row per sentence in the same steps) and keep it where it scores
             better, so that beam search never returns a worse score than greedy.
-        growing_cache: see `transformer_step` (False under XLA).
+        static_shapes: keep every tensor's shape through the search, as XLA
+            needs: the cache has all its room from the start (no
+            `growing_cache`) and finished sentences stay in the batch (no
+            `drop_finished`). The same translations, more work.
 
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`, as the searches.
@@ -236,17 +252,15 @@ def transformer_search(
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)
     max_lengths = output_limits(model, source_ids, max_extra_length, max_output_length)
-    search = dict(start_id=start_id, end_id=end_id, max_lengths=max_lengths, length_alpha=length_alpha)
-    cache_settings = dict(use_cache=use_cache, growing_cache=growing_cache)
+    search = dict(start_id=start_id, end_id=end_id, max_lengths=max_lengths, length_alpha=length_alpha,
+                  cache_batch_axis=cache_batch_axis(use_cache), drop_finished=not static_shapes)
+    # With beam search, the greedy path is one more row per sentence in the same steps.
+    rows_per_sentence = 1 if beam_size == 1 else beam_size + 1 if keep_greedy else beam_size
+    step_fn, cache, context = transformer_step(model, source_ids, num_steps(max_lengths), beams=rows_per_sentence,
+                                               use_cache=use_cache, growing_cache=not static_shapes)
     if beam_size == 1:
-        step_fn, cache = transformer_step(model, source_ids, num_steps(max_lengths), **cache_settings)
-        return greedy_search(step_fn, cache, **search)
-    # The greedy path is one more row per sentence in the same steps.
-    rows_per_sentence = beam_size + 1 if keep_greedy else beam_size
-    step_fn, cache = transformer_step(model, source_ids, num_steps(max_lengths), beams=rows_per_sentence,
-                                      **cache_settings)
-    return beam_search(step_fn, cache, beam_size=beam_size, cache_batch_axis=cache_batch_axis(use_cache),
-                       keep_greedy=keep_greedy, **search)
+        return greedy_search(step_fn, cache, context=context, **search)
+    return beam_search(step_fn, cache, beam_size=beam_size, context=context, keep_greedy=keep_greedy, **search)
 
 
 def score_sequences(model, source_ids, target_ids, start_id, length_alpha=0.6):

@@ -86,13 +86,13 @@ class Translator(tf.Module):
         last_column = tf.range(tf.shape(ids)[1]) == max_length - 1
         return tf.where(too_long[:, None] & last_column, self.source_tokenizer.end_id, ids)
 
-    def search(self, source_ids, growing_cache=True):
-        """Ids in, `(tokens, scores)` out (`growing_cache`: see `inference.steps.transformer_step`)."""
+    def search(self, source_ids, static_shapes=False):
+        """Ids in, `(tokens, scores)` out (`static_shapes`, for XLA: see `inference.steps.transformer_search`)."""
         target = self.target_tokenizer
         return transformer_search(
             self.model, source_ids, target.start_id, target.end_id, beam_size=self.beam_size,
             length_alpha=self.length_alpha, max_extra_length=self.max_extra_length,
-            max_output_length=self.max_output_length, growing_cache=growing_cache,
+            max_output_length=self.max_output_length, static_shapes=static_shapes,
         )
 
     def _translate(self, texts):
