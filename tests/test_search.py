@@ -369,6 +369,52 @@ def test_the_greedy_path_beside_the_beams_returns_the_better_of_both_searches(be
         assert greedy_won > 0  # the greedy row made a difference somewhere
 
 
+def sentence_tables_step(tables, rows_seen=None):
+    """A trigram model per sentence: the context says which table each row reads (the sentence's own)."""
+    log_tables = tf.math.log(tf.constant(tables, tf.float32))
+
+    def step_fn(tokens, cache, index, context):
+        if rows_seen is not None:
+            rows_seen.append(int(tf.size(tokens)))
+        logits = tf.gather_nd(log_tables, tf.stack([context["table"], cache["previous"], tokens], axis=1))
+        return logits, {"previous": tokens}
+
+    return step_fn
+
+
+@pytest.mark.parametrize("beams, keep_greedy", [(1, False), (2, False), (2, True), (3, True)])
+def test_dropping_finished_sentences_changes_no_result_and_saves_their_steps(beams, keep_greedy):
+    # Each sentence reads its own random table through the context: a row that
+    # read another sentence's context after the batch shrank would search on
+    # the wrong model. Greedy search for beams=1.
+    rows_computed = {True: 0, False: 0}
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        batch, vocab = 6, int(rng.integers(6, 12))
+        tables = rng.dirichlet(np.full(vocab, 0.3), size=(batch, vocab, vocab)).astype(np.float32)
+        max_lengths = rng.integers(1, 14, batch).tolist()
+        rows = beams + 1 if keep_greedy else beams
+        cache = {"previous": tf.repeat(tf.constant(rng.integers(0, vocab, batch), tf.int32), rows)}
+        context = {"table": tf.repeat(tf.range(batch), rows)}
+        settings = dict(start_id=TOY_START, end_id=TOY_END, max_lengths=max_lengths, context=context)
+        if beams > 1:
+            settings.update(beam_size=beams, keep_greedy=keep_greedy)
+        search = beam_search if beams > 1 else greedy_search
+        found = {}
+        for drop_finished in (True, False):
+            rows_seen = []
+            # Eager, so that every step's rows are counted; then in a graph, as the export runs it.
+            found[drop_finished] = search(sentence_tables_step(tables, rows_seen), cache,
+                                          drop_finished=drop_finished, **settings)
+            rows_computed[drop_finished] += sum(rows_seen)
+            in_graph = tf.function(lambda cache, drop_finished=drop_finished: search(
+                sentence_tables_step(tables), cache, drop_finished=drop_finished, **settings))(cache)
+            np.testing.assert_array_equal(in_graph[0].numpy(), found[drop_finished][0].numpy())
+        np.testing.assert_array_equal(found[True][0].numpy(), found[False][0].numpy())
+        np.testing.assert_allclose(found[True][1].numpy(), found[False][1].numpy(), rtol=1e-6)
+    assert rows_computed[True] < 0.8 * rows_computed[False], rows_computed
+
+
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_searches_compile_with_xla_on_a_cache_with_all_its_room(model, beam_size):
     # XLA needs fixed shapes: growing_cache=False, and the same translations.
