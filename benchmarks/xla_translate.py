@@ -69,7 +69,7 @@ def main():
     for way in ("plain", "xla"):
         translator = translation.load_translator(arguments.run_dir, beam_size=arguments.beam_size)
         if way == "xla":
-            # XLA needs fixed shapes: the cache gets all its room at once.
+            # XLA needs fixed shapes: the cache gets all its room at once and finished sentences stay.
             fixed_room_search = functools.partial(translator.search, static_shapes=True)
             translator.search = padded(tf.function(fixed_room_search, jit_compile=True), arguments.pad_to)
         first, second, outputs[way] = timed_passes(translator, sources, arguments.batch_size)

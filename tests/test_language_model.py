@@ -90,7 +90,7 @@ def test_a_prefilled_cache_gives_the_logits_of_the_whole_prefix(model):
     step_fn, cache = language_model_step(model, 2, 12)
     cache = language_model_prefill(model)(tokens[:, :6], cache)
     for position in range(6, 9):
-        logits, cache = step_fn(tokens[:, position], cache, position)
+        logits, cache = step_fn(tokens[:, position], cache, position, ())
         np.testing.assert_allclose(logits, model(tokens[:, : position + 1])[:, -1], atol=1e-4)
 
 

@@ -1,5 +1,6 @@
 """Decoding: the cached search agrees with recomputation, beam search with greedy."""
 
+import functools
 import keras
 import numpy as np
 import pytest
@@ -410,14 +411,33 @@ def test_dropping_finished_sentences_changes_no_result_and_saves_their_steps(bea
             in_graph = tf.function(lambda cache, drop_finished=drop_finished: search(
                 sentence_tables_step(tables), cache, drop_finished=drop_finished, **settings))(cache)
             np.testing.assert_array_equal(in_graph[0].numpy(), found[drop_finished][0].numpy())
+            np.testing.assert_allclose(in_graph[1].numpy(), found[drop_finished][1].numpy(), rtol=1e-6)
         np.testing.assert_array_equal(found[True][0].numpy(), found[False][0].numpy())
         np.testing.assert_allclose(found[True][1].numpy(), found[False][1].numpy(), rtol=1e-6)
     assert rows_computed[True] < 0.8 * rows_computed[False], rows_computed
 
 
+@pytest.mark.parametrize("max_lengths", [[], [1, 1, 1], [0, 1, 3]])
+def test_an_empty_batch_or_one_that_finishes_at_once_leaves_cleanly(max_lengths):
+    batch, vocab = len(max_lengths), 6
+    tables = np.random.default_rng(0).dirichlet(np.full(vocab, 0.3), size=(max(batch, 1), vocab, vocab))
+    for beams in (1, 2):
+        rows = beams + 1 if beams > 1 else 1  # beam search with its greedy row
+        cache = {"previous": tf.zeros([batch * rows], tf.int32)}
+        context = {"table": tf.repeat(tf.range(batch), rows)}
+        search = functools.partial(beam_search, beam_size=beams, keep_greedy=True) if beams > 1 else greedy_search
+        found = [tf.function(lambda cache, drop_finished=drop_finished: search(
+            sentence_tables_step(tables), cache, TOY_START, TOY_END, max_lengths, context=context,
+            drop_finished=drop_finished))(cache) for drop_finished in (True, False)]
+        assert found[0][0].shape[0] == batch
+        np.testing.assert_array_equal(found[0][0].numpy(), found[1][0].numpy())
+        np.testing.assert_allclose(found[0][1].numpy(), found[1][1].numpy(), rtol=1e-6)
+
+
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_searches_compile_with_xla_on_a_cache_with_all_its_room(model, beam_size):
-    # XLA needs fixed shapes: growing_cache=False, and the same translations.
+    # XLA needs fixed shapes: static_shapes=True (all the cache's room at once, finished sentences
+    # kept in the batch), and the same translations.
     ids = sources(5)
     settings = dict(start_id=START, end_id=END, beam_size=beam_size, max_extra_length=20)
     plain = tf.function(lambda x: transformer_search(model, x, **settings))(ids)

@@ -26,7 +26,7 @@ tensors with a row of each tensor per row of the search:
   Transformer's step doubles its room as positions fill). One that keeps
   every shape fixed (writing in place at `index`, as the language model's
   does, and the Transformer's with `growing_cache=False`) keeps the searches
-  XLA friendly. Beam search runs `beam_size` rows a sentence (one more with
+  XLA friendly (with `drop_finished=False`, below). Beam search runs `beam_size` rows a sentence (one more with
   `keep_greedy`), a sentence's rows next to each other, and after every step
   gathers the cache rows of the hypotheses that survive.
 - `context`: what no step changes (the encoded source), rows on axis 0.
@@ -78,7 +78,7 @@ def _open_axis(shape, axis):
 
 
 def _loop_shapes(loop_vars, cache_position, cache_grows=True):
-    """Loop-variable shapes with the rows' axis left open (beam search's gathers lose its static size),
+    """Loop-variable shapes with the rows' axis left open (sentences leave the batch; gathers lose its static size),
     and, where a step function may grow its cache, every axis of the cache."""
     shapes = [tf.nest.map_structure(lambda value: _open_axis(value.shape, 0), var) for var in loop_vars]
     open_all = lambda value: tf.TensorShape([None] * value.shape.rank)  # noqa: E731
@@ -112,7 +112,7 @@ def write_column(buffer, column, values):
 # -- the sentences still searching -----------------------------------------------
 
 # The sentences a search still works on: their places in the batch, and their limits.
-Sentences = collections.namedtuple("Sentences", ["ids", "max_lengths"])
+Sentences = collections.namedtuple("Sentences", ["places", "max_lengths"])
 
 
 def _take(structure, indices, axis=0):
@@ -121,19 +121,51 @@ def _take(structure, indices, axis=0):
 
 
 def _unfinished(finished, rows_per_sentence):
-    """`(sentences, rows)`: where the unfinished sentences are, and where their rows are."""
+    """`(sentences, rows)`: the indices of the unfinished sentences, and of their rows, in the search's state."""
     sentences = tf.cast(tf.where(~finished)[:, 0], tf.int32)
     rows = sentences[:, None] * rows_per_sentence + tf.range(rows_per_sentence)[None, :]
     return sentences, tf.reshape(rows, [-1])
 
 
-def _set_aside(results, ids, found):
-    """`results` (the whole batch's `(tokens, scores)`) with the rows `ids` set to `found`."""
-    return tuple(tf.tensor_scatter_nd_update(whole, ids[:, None], part) for whole, part in zip(results, found))
+def _set_aside(results, places, answers):
+    """`results` (the whole batch's `(tokens, scores)`) with the sentences at `places` set to `answers`."""
+    return tuple(tf.tensor_scatter_nd_update(whole, places[:, None], part) for whole, part in zip(results, answers))
 
 
 def _no_results(batch, steps):
+    """The whole batch's `(tokens, scores)` before any sentence has finished."""
     return tf.zeros([batch, steps], tf.int32), tf.zeros([batch], tf.float32)
+
+
+def _drop_finished(finished, sentences, answers, results, per_sentence, per_row, rows_per_sentence):
+    """Set the finished sentences' answers aside and drop them from the search.
+
+    Args:
+        finished: `(sentences,)` bool, the sentences done this step.
+        sentences: the `Sentences` searched this step.
+        answers: `() -> (tokens, scores)`, every searched sentence's answer.
+        results: the whole batch's `(tokens, scores)` so far.
+        per_sentence: the search's state, sentences on axis 0.
+        per_row: `[(structure, axis), ...]`: the cache and the context,
+            `rows_per_sentence` rows a sentence on `axis`.
+
+    Returns:
+        `(results, (sentences, per_sentence), [structure, ...])`, all cut
+        down to the unfinished sentences.
+    """
+
+    def drop():
+        places = tf.boolean_mask(sentences.places, finished)
+        found = _take(answers(), tf.where(finished)[:, 0])
+        kept, kept_rows = _unfinished(finished, rows_per_sentence)
+        return (_set_aside(results, places, found), _take((sentences, per_sentence), kept),
+                [_take(structure, kept_rows, axis) for structure, axis in per_row])
+
+    def keep_all():
+        return results, (sentences, per_sentence), [structure for structure, _ in per_row]
+
+    # Most steps finish no sentence: the gathers run only on those that do.
+    return tf.cond(tf.reduce_any(finished), drop, keep_all)
 
 
 # -- greedy search --------------------------------------------------------------------
@@ -202,7 +234,8 @@ def greedy_search(
             axis 0 (default: nothing).
         cache_batch_axis: the rows' axis in every cache tensor.
         drop_finished: drop a sentence's rows once it has finished (False:
-            fixed shapes, for XLA; the same result).
+            fixed shapes, for XLA; the same result, up to rounding where a
+            kernel sums differently for another number of rows).
 
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`, `steps =
@@ -211,7 +244,7 @@ def greedy_search(
     Example:
     >>> step_fn, cache, context = transformer_step(model, source_ids, num_steps(max_lengths))
     >>> tokens, scores = greedy_search(step_fn, cache, start_id, end_id, max_lengths, context=context,
-    ...                                cache_batch_axis=1)
+    ...                                cache_batch_axis=cache_batch_axis())
     """
     max_lengths = tf.convert_to_tensor(max_lengths, tf.int32)
     batch = tf.shape(max_lengths)[0]
@@ -225,16 +258,9 @@ def greedy_search(
         log_probs, cache = _log_probs(step_fn, last, cache, step, context, start_id)
         chosen, state = greedy.advance(state, log_probs, step, sentences.max_lengths)
         if drop_finished:
-
-            def drop():
-                done_ids = tf.boolean_mask(sentences.ids, state.finished)
-                answers = _take(greedy.result(state, length_alpha), tf.where(state.finished)[:, 0])
-                kept, kept_rows = _unfinished(state.finished, 1)
-                return (_set_aside(results, done_ids, answers), _take((sentences, chosen, state), kept),
-                        _take(cache, kept_rows, cache_batch_axis), _take(context, kept_rows))
-
-            results, (sentences, chosen, state), cache, context = tf.cond(
-                tf.reduce_any(state.finished), drop, lambda: (results, (sentences, chosen, state), cache, context))
+            results, (sentences, (chosen, state)), (cache, context) = _drop_finished(
+                state.finished, sentences, lambda: greedy.result(state, length_alpha), results, (chosen, state),
+                [(cache, cache_batch_axis), (context, 0)], rows_per_sentence=1)
         return step + 1, sentences, cache, context, chosen, state, results
 
     initial = (
@@ -250,7 +276,7 @@ def greedy_search(
         not_done, one_step, initial, shape_invariants=_loop_shapes(initial, 2)
     )
     # Without drop_finished every sentence is still here; with it, none is.
-    return _set_aside(results, sentences.ids, greedy.result(state, length_alpha))
+    return _set_aside(results, sentences.places, greedy.result(state, length_alpha))
 
 
 # -- beam search -----------------------------------------------------------------------
@@ -314,8 +340,7 @@ def beam_search(
             result, in more steps).
         keep_greedy: follow the greedy path too, and return it where it
             scores better.
-        drop_finished: drop a sentence's rows once it is done (False: fixed
-            shapes, for XLA; the same result).
+        drop_finished: as for `greedy_search`.
         Other arguments as `greedy_search`.
 
     Returns:
@@ -340,8 +365,8 @@ def beam_search(
         return (step < steps) & ~tf.reduce_all(search.done)
 
     def one_step(step, sentences, cache, context, last, search, results):
-        live, live_log_probs, final, final_scores = search.live, search.live_log_probs, search.final, search.final_scores
-        final_count = search.final_count
+        live, live_log_probs = search.live, search.live_log_probs
+        final, final_scores, final_count = search.final, search.final_scores, search.final_count
         max_lengths = sentences.max_lengths
         searching = tf.shape(max_lengths)[0]
         log_probs, cache = _log_probs(step_fn, last, cache, step, context, start_id)
@@ -389,18 +414,9 @@ def beam_search(
         if drop_finished:
             # parents index this step's rows: gathering the cache by the kept
             # sentences' parents below drops the others' rows at no extra cost.
-            finished = tf.reduce_all(done, axis=1)
-
-            def drop():
-                done_ids = tf.boolean_mask(sentences.ids, finished)
-                answers = _take(found(search), tf.where(finished)[:, 0])
-                kept, kept_rows = _unfinished(finished, rows_per_sentence)
-                return (_set_aside(results, done_ids, answers), _take((sentences, search, parents, next_tokens), kept),
-                        _take(context, kept_rows))
-
-            unchanged = lambda: (results, (sentences, search, parents, next_tokens), context)  # noqa: E731
-            results, (sentences, search, parents, next_tokens), context = tf.cond(
-                tf.reduce_any(finished), drop, unchanged)
+            results, (sentences, (search, parents, next_tokens)), (context,) = _drop_finished(
+                tf.reduce_all(done, axis=1), sentences, lambda: found(search), results, (search, parents, next_tokens),
+                [(context, 0)], rows_per_sentence)
         cache = _take(cache, tf.reshape(parents, [-1]), cache_batch_axis)
         return step + 1, sentences, cache, context, tf.reshape(next_tokens, [-1]), search, results
 
@@ -429,7 +445,7 @@ def beam_search(
         not_done, one_step, initial, shape_invariants=_loop_shapes(initial, 2)
     )
     # Without drop_finished every sentence is still here; with it, none is.
-    return _set_aside(results, sentences.ids, found(search))
+    return _set_aside(results, sentences.places, found(search))
 
 
 def _cannot_be_beaten(best_final, final_count, live_log_probs, step, max_lengths, length_alpha):

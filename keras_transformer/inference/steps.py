@@ -115,7 +115,8 @@ def transformer_step(model, source_ids, max_length, beams=1, use_cache=True, gro
     Example:
     >>> max_lengths = output_limits(model, source_ids)
     >>> step_fn, cache, context = transformer_step(model, source_ids, num_steps(max_lengths))
-    >>> greedy_search(step_fn, cache, start_id, end_id, max_lengths, context=context, cache_batch_axis=1)
+    >>> greedy_search(step_fn, cache, start_id, end_id, max_lengths, context=context,
+    ...               cache_batch_axis=cache_batch_axis())
     """
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)
     memory = model.encode(source_ids)
@@ -167,19 +168,20 @@ def language_model_step(model, batch_size, max_length, use_cache=True):
             model on the whole prefix (the reference the cache is tested against).
 
     Returns:
-        `(step_fn, cache)`, as `transformer_step`'s, with the rows on axis
-        `cache_batch_axis(use_cache)`. A language model reads no context:
-        its step function takes one (the searches pass theirs) and ignores it.
+        `(step_fn, cache)`, like `transformer_step`'s without a context, with
+        the rows on axis `cache_batch_axis(use_cache)`. A language model
+        reads no context: its step function takes one, as every step
+        function does, and ignores it (the sampler passes `()`).
     """
     if not use_cache:
 
-        def recomputing_step(tokens, prefix, index, context=()):
+        def recomputing_step(tokens, prefix, index, context):
             prefix = write_column(prefix, index, tokens)
             return model.decode(prefix[:, : index + 1])[:, -1], prefix
 
         return recomputing_step, tf.zeros([batch_size, max_length], tf.int32)
 
-    def cached_step(tokens, cache, index, context=()):
+    def cached_step(tokens, cache, index, context):
         layers = [{"self_attention": own} for own in cache]
         logits, layers = model.decode(tokens[:, None], cache=layers, cache_index=index)
         return logits[:, 0], [layer["self_attention"] for layer in layers]
@@ -254,8 +256,10 @@ def transformer_search(
     max_lengths = output_limits(model, source_ids, max_extra_length, max_output_length)
     search = dict(start_id=start_id, end_id=end_id, max_lengths=max_lengths, length_alpha=length_alpha,
                   cache_batch_axis=cache_batch_axis(use_cache), drop_finished=not static_shapes)
-    # With beam search, the greedy path is one more row per sentence in the same steps.
-    rows_per_sentence = 1 if beam_size == 1 else beam_size + 1 if keep_greedy else beam_size
+    if beam_size == 1:
+        rows_per_sentence = 1
+    else:  # with keep_greedy, the greedy path is one more row per sentence in the same steps
+        rows_per_sentence = beam_size + 1 if keep_greedy else beam_size
     step_fn, cache, context = transformer_step(model, source_ids, num_steps(max_lengths), beams=rows_per_sentence,
                                                use_cache=use_cache, growing_cache=not static_shapes)
     if beam_size == 1:

@@ -49,7 +49,9 @@ not a copy).
   and attends over about as many positions as it has written.
 * A *cross-attention* cache holds the projected encoder output
   (`MultiHeadAttention.compute_cache`), computed once per source sentence;
-  it is passed as `cache` with no `cache_index` and is never written.
+  it is passed as `cache` with no `cache_index` and is never written. A
+  `(keys, values)` pair serves as well (`inference.steps` keeps it so, the
+  rows of both on axis 0).
 
 **Two ways to compute equation (1).** `scaled_dot_product_attention` spells
 it out, and returns the weights as well: TensorBoard's Attention tab, the

@@ -12,7 +12,9 @@ position i can depend only on the known outputs at positions less than i."
      "cross_attention": (2, batch, heads, source_length, key_dim)}  (if any)
 
 and `Decoder(new_ids, cache=cache, cache_index=t)` runs only the new
-positions t, t+1, ..., returning `(outputs, updated_cache)`.
+positions t, t+1, ..., returning `(outputs, updated_cache)`. A cross-attention
+cache may also be a `(keys, values)` pair, each `(batch, heads,
+source_length, key_dim)`: rows on axis 0, as decoding's context keeps them.
 """
 
 import keras
