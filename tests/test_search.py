@@ -133,6 +133,23 @@ def test_cached_beam_equals_recomputed_beam(model, cache_room):
     np.testing.assert_allclose(cached[1].numpy(), plain[1].numpy(), atol=1e-5)
 
 
+def test_a_tied_output_decodes_as_recomputation_does():
+    # With tie_output the decoding step multiplies by the embeddings transposed once per search
+    # (tied_output_kernel); recomputation takes the model's own path.
+    keras.utils.set_random_seed(2)
+    tied = kt.models.Transformer(**{**CONFIG, "src_vocab_size": 50, "share_embeddings": True, "tie_output": True})
+    tied.build(((None, None), (None, None)))
+    ids = sources(5)
+    for beam_size in (1, 3):
+        settings = dict(start_id=START, end_id=END, beam_size=beam_size, max_extra_length=5)
+        cached = tf.function(lambda x: transformer_search(tied, x, **settings))(ids)
+        plain = tf.function(lambda x: transformer_search(tied, x, use_cache=False, **settings))(ids)
+        np.testing.assert_array_equal(cached[0].numpy(), plain[0].numpy())
+        np.testing.assert_allclose(cached[1].numpy(), plain[1].numpy(), atol=1e-5)
+        teacher_forced = score_sequences(tied, ids, cached[0], START)
+        np.testing.assert_allclose(cached[1].numpy(), teacher_forced.numpy(), atol=1e-4)
+
+
 def test_bad_beam_size(model):
     with pytest.raises(ValueError, match="beam_size must be at least 1"):
         transformer_search(model, sources(), START, END, beam_size=0)

@@ -141,6 +141,9 @@ def transformer_step(model, source_ids, max_length, beams=1, use_cache=True, gro
     source_keys_values = [tuple(repeat(part) for part in tf.unstack(layer["cross_attention"])) for layer in caches]
     own_keys_values = [repeat(layer["self_attention"], axis=1) for layer in caches]
 
+    # Tied embeddings: the output projection's kernel, transposed once here, not at every step.
+    output_kernel = model.tied_output_kernel() if model.tie_output else None
+
     def cached_step(tokens, cache, index, context):
         if growing_cache:
             cache = [grow_cache(own, index, max_length) for own in cache]
@@ -149,7 +152,8 @@ def transformer_step(model, source_ids, max_length, beams=1, use_cache=True, gro
             for own, source in zip(cache, context["source_keys_values"])
         ]
         logits, layers = model.decode(
-            tokens[:, None], encoder_padding_mask=context["source_mask"], cache=layers, cache_index=index
+            tokens[:, None], encoder_padding_mask=context["source_mask"], cache=layers, cache_index=index,
+            output_kernel=output_kernel,
         )
         return logits[:, 0], [layer["self_attention"] for layer in layers]
 

@@ -190,9 +190,12 @@ class Transformer(MultiWorkerFit, Hyperparameters, keras.Model):
         return_attention_scores=False,
         cache=None,
         cache_index=None,
+        output_kernel=None,
     ):
         """Logits for `target_ids`; with a cache, for the new positions only.
 
+        `output_kernel`: with `tie_output`, `tied_output_kernel()` made once
+        by a decoding loop (else every call transposes the embeddings).
         Returns logits, then scores when asked, then the new cache when given.
         """
         self._ensure_built()
@@ -206,14 +209,28 @@ class Transformer(MultiWorkerFit, Hyperparameters, keras.Model):
             cache_index=cache_index,
         )
         if isinstance(results, tuple):
-            return (self.logits(results[0]),) + tuple(results[1:])
-        return self.logits(results)
+            return (self.logits(results[0], output_kernel),) + tuple(results[1:])
+        return self.logits(results, output_kernel)
 
-    def logits(self, decoder_outputs):
-        """The pre-softmax linear transformation, in float32."""
+    def tied_output_kernel(self):
+        """With `tie_output`, the pre-softmax projection's `(d_model, tgt_vocab)` kernel: the embeddings, transposed.
+
+        A decoding loop makes it once and passes it to every step's
+        `decode(..., output_kernel=...)`: TensorFlow multiplies by a matrix
+        stored transposed markedly slower than by one laid out for the
+        product (greedy decoding 1.3x faster on a 10,000-token vocabulary,
+        BENCHMARKS.md), and the transposition need not be repeated.
+        """
+        if not self.tie_output:
+            raise ValueError("tied_output_kernel is for a Transformer with tie_output=True")
+        return ops.transpose(ops.cast(self.decoder.embedding.embeddings, self.compute_dtype))
+
+    def logits(self, decoder_outputs, output_kernel=None):
+        """The pre-softmax linear transformation, in float32 (`output_kernel`: see `decode`)."""
         if self.tie_output:
-            embeddings = ops.cast(self.decoder.embedding.embeddings, decoder_outputs.dtype)
-            logits = ops.matmul(decoder_outputs, ops.transpose(embeddings))
+            if output_kernel is None:
+                output_kernel = ops.transpose(ops.cast(self.decoder.embedding.embeddings, decoder_outputs.dtype))
+            logits = ops.matmul(decoder_outputs, ops.cast(output_kernel, decoder_outputs.dtype))
             logits = logits + ops.cast(self.output_bias, logits.dtype)
         else:
             logits = self.output_projection(decoder_outputs)
