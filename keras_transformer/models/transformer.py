@@ -229,7 +229,7 @@ class Transformer(MultiWorkerFit, Hyperparameters, keras.Model):
         """The pre-softmax linear transformation, in float32 (`output_kernel`: see `decode`)."""
         if self.tie_output:
             if output_kernel is None:
-                output_kernel = ops.transpose(ops.cast(self.decoder.embedding.embeddings, decoder_outputs.dtype))
+                output_kernel = self.tied_output_kernel()
             logits = ops.matmul(decoder_outputs, ops.cast(output_kernel, decoder_outputs.dtype))
             logits = logits + ops.cast(self.output_bias, logits.dtype)
         else:
