@@ -8,7 +8,8 @@
    ours in float32 and CTranslate2's in float32, token for token.
 3. Time: greedy and beam 4, batches of `--batch-size` over the first
    `--sentences` validation sentences (token ids in, token ids out: the
-   tokenizers are left out of both), ours in float32 and in the run's
+   tokenizers are left out of both; each batch padded to its longest, as a
+   server's request is), ours in float32 and in the run's
    precision, CTranslate2 in float32 and int8, both on the same 2 threads;
    three rounds in alternating order after a warm-up, median sentences/s.
 
@@ -89,6 +90,17 @@ def our_decoder(model, start_id, end_id, beam_size, length_alpha, max_extra_leng
     return lambda batch: _trim(search(tf.constant(batch)).numpy(), end_id)
 
 
+def padded_to_longest(batch):
+    """`batch` without the padding columns no sentence of it needs.
+
+    A server pads each request's sentences to the request's longest (the
+    export's tokenizer does); ids cut from a larger tokenized set carry that
+    set's width, and our encoder would compute those columns (CTranslate2
+    gets each sentence's own tokens).
+    """
+    return batch[:, : max(1, int((batch != 0).sum(axis=1).max()))]
+
+
 def _trim(tokens, end_id):
     """Each row's ids up to (not including) [END] or padding."""
     rows = []
@@ -159,7 +171,10 @@ def main():
     pairs = translation.load_pairs(config["data"], ("val",))["val"]
     count = max(arguments.sentences, arguments.check)
     source_ids = translator.source_ids(tf.constant([source for source, _ in pairs[:count]])).numpy()
-    batches = [source_ids[start: start + arguments.batch_size] for start in range(0, count, arguments.batch_size)]
+    batches = [
+        padded_to_longest(source_ids[start: start + arguments.batch_size])
+        for start in range(0, count, arguments.batch_size)
+    ]
     timed = batches[: -(-arguments.sentences // arguments.batch_size)]
     model32 = float32_copy(translator.model)
     start_id, end_id = target_tokenizer.start_id, target_tokenizer.end_id
