@@ -201,20 +201,23 @@ def fused_dot_product_attention(queries, keys, values, mask=None):
 
 
 def _write_cache(cache, keys_values, cache_index):
-    """Write new keys/values `(2, batch, heads, new, key_dim)` at `cache_index`.
+    """Write new keys/values `(batch, new, 2, heads, key_dim)` at `cache_index`.
 
-    A scatter of the new slots into the cache: one core op that TensorFlow
-    runs in place of copying every slot through a select, that every
-    TensorFlow Serving build has, and that XLA compiles (the slot positions
-    are data, not shapes). The slots go as a list of `(part, sentence, head,
-    position)` indices, one row each: the form every backend's scatter reads
-    alike.
+    The new positions come in the layout their projection produces (one
+    matmul with [W^K W^V], see `_project_new_keys_values`): no transpose into
+    the cache's `(2, batch, heads, length, key_dim)` is needed, because a
+    scatter takes every slot's place from its index. It is one core op that
+    TensorFlow runs in place of copying every slot through a select, that
+    every TensorFlow Serving build has, and that XLA compiles (the slot
+    positions are data, not shapes). The slots go as a list of `(part,
+    sentence, head, position)` indices, one row each, listed in the new
+    values' own order: the form every backend's scatter reads alike.
     """
-    parts, batch, heads, new_length = (ops.shape(keys_values)[axis] for axis in range(4))
-    grids = ops.meshgrid(
-        ops.arange(parts), ops.arange(batch), ops.arange(heads), ops.arange(new_length) + cache_index, indexing="ij"
+    batch, new_length, parts, heads = (ops.shape(keys_values)[axis] for axis in range(4))
+    sentences, positions, part_of, head_of = ops.meshgrid(
+        ops.arange(batch), ops.arange(new_length) + cache_index, ops.arange(parts), ops.arange(heads), indexing="ij"
     )
-    slots = ops.reshape(ops.stack(grids, axis=-1), (-1, 4))
+    slots = ops.reshape(ops.stack([part_of, sentences, head_of, positions], axis=-1), (-1, 4))
     return ops.scatter_update(cache, slots, ops.reshape(keys_values, (-1, ops.shape(keys_values)[4])))
 
 
@@ -417,6 +420,19 @@ class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
         values = self._project(value, kernel[:, 1], None if bias is None else bias[1])
         return keys, values
 
+    def _project_new_keys_values(self, inputs):
+        """A decoding step's K and V from one matmul with [W^K W^V]: `(batch, new, 2, heads, head_dim)`.
+
+        Left in the matmul's own layout, which the cache write reads as it is
+        (`_write_cache`): taking K and V apart, or moving heads before
+        positions, would copy them (and slicing the kernel would copy it).
+        """
+        width = 2 * self.num_heads * self.head_dim
+        projected = ops.matmul(inputs, ops.reshape(self._weight(self.key_value_kernel), (-1, width)))
+        if self.use_bias:
+            projected = ops.add(projected, ops.reshape(self._weight(self.key_value_bias), (width,)))
+        return ops.reshape(projected, (-1, ops.shape(inputs)[1], 2, self.num_heads, self.head_dim))
+
     def _project_self_attention(self, inputs):
         """Q, K and V of self-attention from one matmul with [W^Q W^K W^V]."""
         scale = ops.cast(self._query_scale(), self.compute_dtype)
@@ -502,15 +518,9 @@ class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
             # Cross-attention on a precomputed context: nothing to project.
             keys, values = cache[0], cache[1]
         elif cache is not None and (value is None or value is query) and key is None:
-            # A decoding step: a token or a few. Q, K and V come from separate
-            # matmuls: no per-step concatenation of [W^Q W^K W^V], and K and V
-            # reach the cache's (2, batch, heads, length, key_dim) layout
-            # without a transpose.
-            kernels = ops.unstack(self._weight(self.key_value_kernel), num=2, axis=1)
-            biases = ops.unstack(self._weight(self.key_value_bias), num=2) if self.use_bias else (None, None)
-            new_keys_values = ops.stack(
-                [self._project(query, kernel, bias) for kernel, bias in zip(kernels, biases)], axis=0
-            )
+            # A decoding step: a token or a few. Q comes from its own matmul
+            # (no per-step concatenation of [W^Q W^K W^V]); K and V from one.
+            new_keys_values = self._project_new_keys_values(query)
         elif value is None or (value is query and key is None):
             queries, keys, values = self._project_self_attention(query)
         else:
@@ -523,8 +533,8 @@ class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
             # p_t scales with the key count, which a growing self-attention cache does not have yet.
             raise ValueError("predictive local attention is for a fixed context (cross-attention), not a decoding cache")
         if cache is not None and cache_index is not None:
-            if new_keys_values is None:
-                new_keys_values = ops.stack([keys, values], axis=0)
+            if new_keys_values is None:  # (batch, heads, new, key_dim) each -> (batch, new, 2, heads, key_dim)
+                new_keys_values = ops.transpose(ops.stack([keys, values], axis=0), (1, 3, 0, 2, 4))
             cache = _write_cache(cache, new_keys_values, cache_index)
             keys, values = cache[0], cache[1]
             offset = cache_index
