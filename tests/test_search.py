@@ -388,13 +388,15 @@ def test_the_greedy_path_beside_the_beams_returns_the_better_of_both_searches(be
 
 
 def sentence_tables_step(tables, rows_seen=None):
-    """A trigram model per sentence: the context says which table each row reads (the sentence's own)."""
+    """A trigram model per sentence: the context says which table each sentence's rows read (its own)."""
     log_tables = tf.math.log(tf.constant(tables, tf.float32))
 
     def step_fn(tokens, cache, index, context):
         if rows_seen is not None:
             rows_seen.append(int(tf.size(tokens)))
-        logits = tf.gather_nd(log_tables, tf.stack([context["table"], cache["previous"], tokens], axis=1))
+        # The context holds a row per sentence; its rows (beams) follow one another.
+        table = tf.repeat(context["table"], tf.size(tokens) // tf.size(context["table"]))
+        logits = tf.gather_nd(log_tables, tf.stack([table, cache["previous"], tokens], axis=1))
         return logits, {"previous": tokens}
 
     return step_fn
@@ -413,7 +415,7 @@ def test_dropping_finished_sentences_changes_no_result_and_saves_their_steps(bea
         max_lengths = rng.integers(1, 14, batch).tolist()
         rows = beams + 1 if keep_greedy else beams
         cache = {"previous": tf.repeat(tf.constant(rng.integers(0, vocab, batch), tf.int32), rows)}
-        context = {"table": tf.repeat(tf.range(batch), rows)}
+        context = {"table": tf.range(batch)}
         settings = dict(start_id=TOY_START, end_id=TOY_END, max_lengths=max_lengths, context=context)
         if beams > 1:
             settings.update(beam_size=beams, keep_greedy=keep_greedy)
@@ -441,7 +443,7 @@ def test_an_empty_batch_or_one_that_finishes_at_once_leaves_cleanly(max_lengths)
     for beams in (1, 2):
         rows = beams + 1 if beams > 1 else 1  # beam search with its greedy row
         cache = {"previous": tf.zeros([batch * rows], tf.int32)}
-        context = {"table": tf.repeat(tf.range(batch), rows)}
+        context = {"table": tf.range(batch)}
         search = functools.partial(beam_search, beam_size=beams, keep_greedy=True) if beams > 1 else greedy_search
         found = [tf.function(lambda cache, drop_finished=drop_finished: search(
             sentence_tables_step(tables), cache, TOY_START, TOY_END, max_lengths, context=context,

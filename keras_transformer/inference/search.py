@@ -29,9 +29,10 @@ tensors with a row of each tensor per row of the search:
   XLA friendly (with `drop_finished=False`, below). Beam search runs `beam_size` rows a sentence (one more with
   `keep_greedy`), a sentence's rows next to each other, and after every step
   gathers the cache rows of the hypotheses that survive.
-- `context`: what no step changes (the encoded source), rows on axis 0.
-  The searches never reorder it, because every row of a sentence holds the
-  same; they only drop the rows of sentences that have finished.
+- `context`: what no step changes (the encoded source), one row per
+  sentence on axis 0, whatever the rows per sentence: every row of a
+  sentence reads the same, so the searches never reorder it; they only drop
+  the sentences that have finished.
 
 Sentences end at different steps: a short one is done long before the
 longest in its batch. With `drop_finished` the searches set a finished
@@ -145,9 +146,10 @@ def _drop_finished(finished, sentences, answers, results, per_sentence, per_row,
         sentences: the `Sentences` searched this step.
         answers: `() -> (tokens, scores)`, every searched sentence's answer.
         results: the whole batch's `(tokens, scores)` so far.
-        per_sentence: the search's state, sentences on axis 0.
-        per_row: `[(structure, axis), ...]`: the cache and the context,
-            `rows_per_sentence` rows a sentence on `axis`.
+        per_sentence: the search's state and the context, sentences on axis 0.
+        per_row: `[(structure, axis), ...]`: greedy search's cache (beam
+            search gathers its own), `rows_per_sentence` rows a sentence on
+            `axis`.
 
     Returns:
         `(results, (sentences, per_sentence), [structure, ...])`, all cut
@@ -230,8 +232,8 @@ def greedy_search(
         start_id, end_id: the output vocabulary's [START] and [END] ids.
         max_lengths: `(batch,)` int32, each sentence's longest output.
         length_alpha: alpha of the length penalty used for the returned score.
-        context: what the step function reads but never changes, rows on
-            axis 0 (default: nothing).
+        context: what the step function reads but never changes, one row
+            per sentence on axis 0 (default: nothing).
         cache_batch_axis: the rows' axis in every cache tensor.
         drop_finished: drop a sentence's rows once it has finished (False:
             fixed shapes, for XLA; the same result, up to rounding where a
@@ -258,9 +260,9 @@ def greedy_search(
         log_probs, cache = _log_probs(step_fn, last, cache, step, context, start_id)
         chosen, state = greedy.advance(state, log_probs, step, sentences.max_lengths)
         if drop_finished:
-            results, (sentences, (chosen, state)), (cache, context) = _drop_finished(
-                state.finished, sentences, lambda: greedy.result(state, length_alpha), results, (chosen, state),
-                [(cache, cache_batch_axis), (context, 0)], rows_per_sentence=1)
+            results, (sentences, (chosen, state, context)), (cache,) = _drop_finished(
+                state.finished, sentences, lambda: greedy.result(state, length_alpha), results,
+                (chosen, state, context), [(cache, cache_batch_axis)], rows_per_sentence=1)
         return step + 1, sentences, cache, context, chosen, state, results
 
     initial = (
@@ -332,7 +334,8 @@ def beam_search(
             holding the same (`tf.repeat(..., rows, axis=cache_batch_axis)`
             lays a sentence's cache out so). Rows are reordered by a gather on
             `cache_batch_axis` as beams survive and die.
-        context: as for `greedy_search`, for those rows.
+        context: as for `greedy_search`: one row per sentence, which all
+            its rows read.
         max_lengths: `(batch,)` int32, one limit per sentence.
         cache_batch_axis: the rows' axis in every cache tensor.
         stop_early: end a sentence once its best final hypothesis cannot be
@@ -414,9 +417,9 @@ def beam_search(
         if drop_finished:
             # parents index this step's rows: gathering the cache by the kept
             # sentences' parents below drops the others' rows at no extra cost.
-            results, (sentences, (search, parents, next_tokens)), (context,) = _drop_finished(
-                tf.reduce_all(done, axis=1), sentences, lambda: found(search), results, (search, parents, next_tokens),
-                [(context, 0)], rows_per_sentence)
+            results, (sentences, (search, parents, next_tokens, context)), _ = _drop_finished(
+                tf.reduce_all(done, axis=1), sentences, lambda: found(search), results,
+                (search, parents, next_tokens, context), [], rows_per_sentence)
         cache = _take(cache, tf.reshape(parents, [-1]), cache_batch_axis)
         return step + 1, sentences, cache, context, tf.reshape(next_tokens, [-1]), search, results
 

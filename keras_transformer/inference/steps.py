@@ -8,8 +8,9 @@ the Transformer's API:
 1. encode the source once (`model.encode`);
 2. project the encoder output to every layer's cross-attention keys and
    values once (`model.build_cache`): the same for every step, and for
-   every beam of a sentence, they are the searches' `context`, which the
-   searches only cut down as sentences finish;
+   every beam of a sentence, they are the searches' `context`, one row per
+   sentence, which the searches only cut down as sentences finish (every
+   beam of a sentence reads its row: `rows_per_source` in `layers.decoder`);
 3. each step runs the decoder on the newest token alone, reading the
    earlier positions' keys and values from the self-attention cache and
    writing the new position's in place at the step's index
@@ -86,10 +87,10 @@ def transformer_step(model, source_ids, max_length, beams=1, use_cache=True, gro
         source_ids: `(batch, source_length)` int32, 0 = padding.
         max_length: the most output positions the cache will hold
             (`search.num_steps` of the searches' `max_lengths`).
-        beams: rows per sentence: the step function, the cache and the
-            context serve `batch * beams` rows, a sentence's rows next to
-            each other, as `beam_search` expects (`beam_size`, plus 1 with
-            `keep_greedy`).
+        beams: rows per sentence: the step function and the cache serve
+            `batch * beams` rows, a sentence's rows next to each other, as
+            `beam_search` expects (`beam_size`, plus 1 with `keep_greedy`);
+            the context holds one row per sentence.
         use_cache: decode on the key/value cache; else every step re-runs
             the decoder on the whole prefix (the plain reference the cached
             path is tested and benchmarked against).
@@ -105,12 +106,12 @@ def transformer_step(model, source_ids, max_length, beams=1, use_cache=True, gro
         self-attention cache per decoder layer, `(2, rows, heads, room,
         head_dim)`: rows on axis 1 (keys and values are stacked on axis 0),
         and the context the source's padding mask and every layer's
-        cross-attention keys and values, a `(keys, values)` pair of `(rows,
+        cross-attention keys and values, a `(keys, values)` pair of `(batch,
         heads, source_length, head_dim)`. Without, the cache is the
         decoder's inputs so far, `(rows, max_length)`: rows on axis 0, and
         the context the encoder output and the mask.
         `cache_batch_axis(use_cache)` says where the cache's rows are; the
-        context's are on axis 0.
+        context's sentences are on axis 0.
 
     Example:
     >>> max_lengths = output_limits(model, source_ids)
@@ -121,24 +122,27 @@ def transformer_step(model, source_ids, max_length, beams=1, use_cache=True, gro
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)
     memory = model.encode(source_ids)
     source_mask = padding_mask(source_ids)
-    # Encoded once; every beam of a sentence then gets its own copy of the context.
+    # The self-attention cache: a sentence's rows next to each other, each beam its own.
     repeat = lambda value, axis=0: tf.repeat(value, beams, axis=axis) if beams > 1 else value  # noqa: E731
+    context = {"source_mask": source_mask}
 
     if not use_cache:
 
         def recomputing_step(tokens, prefix, index, context):
             prefix = write_column(prefix, index, tokens)
-            logits = model.decode(prefix[:, : index + 1], context["memory"], encoder_padding_mask=context["source_mask"])
+            logits = model.decode(
+                prefix[:, : index + 1], repeat(context["memory"]), encoder_padding_mask=repeat(context["source_mask"])
+            )
             return logits[:, -1], prefix
 
-        context = {"memory": repeat(memory), "source_mask": repeat(source_mask)}
+        context["memory"] = memory
         return recomputing_step, tf.zeros([tf.shape(source_ids)[0] * beams, max_length], tf.int32), context
 
     room = tf.minimum(INITIAL_CACHE_ROOM, max_length) if growing_cache else max_length
     caches = model.build_cache(memory, room)
     # A layer's cross-attention cache stacks keys and values on axis 0; as a
-    # (keys, values) pair each holds its rows on axis 0, as the context's must.
-    source_keys_values = [tuple(repeat(part) for part in tf.unstack(layer["cross_attention"])) for layer in caches]
+    # (keys, values) pair each holds its sentences on axis 0, as the context's must.
+    context["source_keys_values"] = [tuple(tf.unstack(layer["cross_attention"])) for layer in caches]
     own_keys_values = [repeat(layer["self_attention"], axis=1) for layer in caches]
 
     # Tied embeddings: the output projection's kernel, transposed once here, not at every step.
@@ -153,11 +157,10 @@ def transformer_step(model, source_ids, max_length, beams=1, use_cache=True, gro
         ]
         logits, layers = model.decode(
             tokens[:, None], encoder_padding_mask=context["source_mask"], cache=layers, cache_index=index,
-            output_kernel=output_kernel,
+            output_kernel=output_kernel, rows_per_source=beams,
         )
         return logits[:, 0], [layer["self_attention"] for layer in layers]
 
-    context = {"source_keys_values": source_keys_values, "source_mask": repeat(source_mask)}
     return cached_step, own_keys_values, context
 
 

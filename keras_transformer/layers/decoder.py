@@ -15,9 +15,18 @@ and `Decoder(new_ids, cache=cache, cache_index=t)` runs only the new
 positions t, t+1, ..., returning `(outputs, updated_cache)`. A cross-attention
 cache may also be a `(keys, values)` pair, each `(batch, heads,
 source_length, key_dim)`: rows on axis 0, as decoding's context keeps them.
+
+**Beams share their source.** A beam search decodes several rows per
+sentence (its beams), which all attend to the same source. With
+`rows_per_source=k`, the encoder output or cross-attention cache holds one
+row per sentence, and each serves k consecutive rows of the target: for
+cross-attention those rows become k query positions of one row. Every query
+attends on its own, so the result is the same; the source's keys and values
+are stored and read once per sentence, not once per beam.
 """
 
 import keras
+from keras import ops
 
 from keras_transformer.layers.checks import check_heads_divide, check_positive_int
 from keras_transformer.layers.config import Hyperparameters
@@ -25,6 +34,14 @@ from keras_transformer.layers.encoder import EncoderLayer
 from keras_transformer.layers.masks import keras_mask, padding_mask
 from keras_transformer.layers.stack import TransformerStack
 from keras_transformer.layers.sublayers import AttentionSublayer, FeedForwardSublayer
+
+
+def _positions_as_rows(weights, rows_per_source, length):
+    """Cross-attention weights `(sentences, heads, rows_per_source * length, keys)` -> `(rows, heads, length, keys)`."""
+    sentences, heads, keys = ops.shape(weights)[0], ops.shape(weights)[1], ops.shape(weights)[3]
+    weights = ops.reshape(weights, (sentences, heads, rows_per_source, length, keys))
+    weights = ops.transpose(weights, (0, 2, 1, 3, 4))
+    return ops.reshape(weights, (sentences * rows_per_source, heads, length, keys))
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -62,6 +79,9 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
             "cross_attention": ...}`, each `(batch, heads, q_len, k_len)`.
         cache: this layer's cache dict (see the module docstring).
         cache_index: number of positions already in the self-attention cache.
+        rows_per_source: how many consecutive rows of `inputs` share each row
+            of `encoder_outputs` or of the cross-attention cache (a beam
+            search's rows of one sentence; see the module docstring).
 
     Returns:
         `(batch, length, d_model)`, then the scores dict when asked, then the
@@ -137,6 +157,7 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
         return_attention_scores=False,
         cache=None,
         cache_index=None,
+        rows_per_source=1,
     ):
         if padding_mask is None:
             padding_mask = keras_mask(inputs)
@@ -178,6 +199,11 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
                     "this DecoderLayer has cross-attention: pass encoder_outputs "
                     "(or a cache holding 'cross_attention')"
                 )
+            if rows_per_source > 1:  # a sentence's rows as positions of one row
+                rows, length = ops.shape(outputs)[0], ops.shape(outputs)[1]
+                outputs = ops.reshape(outputs, (-1, rows_per_source * length, ops.shape(outputs)[2]))
+                if padding_mask is not None:
+                    padding_mask = ops.reshape(padding_mask, (-1, rows_per_source * length))
             outputs = run(
                 self.cross_attention_block,
                 "cross_attention",
@@ -186,6 +212,10 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
                 context_mask=encoder_padding_mask,
                 cache=cross_cache,
             )
+            if rows_per_source > 1:
+                outputs = ops.reshape(outputs, (rows, length, ops.shape(outputs)[2]))
+                if return_attention_scores:
+                    scores["cross_attention"] = _positions_as_rows(scores["cross_attention"], rows_per_source, length)
         outputs = self.feed_forward(outputs, training=training)
 
         results = (outputs,)
@@ -221,6 +251,9 @@ class Decoder(TransformerStack):
             `(batch, heads, q_len, k_len)`.
         cache: from `build_cache`; then `token_ids` are the new positions.
         cache_index: how many positions the cache already holds.
+        rows_per_source: consecutive rows of `token_ids` per row of
+            `encoder_outputs` or of the cross-attention cache (see the
+            module docstring).
 
     Returns:
         `(batch, length, d_model)`, then scores when asked, then the updated
@@ -268,6 +301,7 @@ class Decoder(TransformerStack):
         return_attention_scores=False,
         cache=None,
         cache_index=None,
+        rows_per_source=1,
     ):
         if encoder_padding_mask is None and encoder_outputs is not None:
             encoder_padding_mask = keras_mask(encoder_outputs)
@@ -287,6 +321,7 @@ class Decoder(TransformerStack):
                 return_attention_scores=return_attention_scores,
                 cache=cache[index] if cache is not None else None,
                 cache_index=cache_index,
+                rows_per_source=rows_per_source,
             )
             results = list(results) if isinstance(results, tuple) else [results]
             outputs = results.pop(0)

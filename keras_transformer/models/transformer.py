@@ -191,11 +191,15 @@ class Transformer(MultiWorkerFit, Hyperparameters, keras.Model):
         cache=None,
         cache_index=None,
         output_kernel=None,
+        rows_per_source=1,
     ):
         """Logits for `target_ids`; with a cache, for the new positions only.
 
         `output_kernel`: with `tie_output`, `tied_output_kernel()` made once
         by a decoding loop (else every call transposes the embeddings).
+        `rows_per_source`: consecutive rows of `target_ids` per row of
+        `encoder_outputs` or of the cross-attention caches (a beam search's
+        rows of one sentence, `layers.decoder`).
         Returns logits, then scores when asked, then the new cache when given.
         """
         self._ensure_built()
@@ -207,6 +211,7 @@ class Transformer(MultiWorkerFit, Hyperparameters, keras.Model):
             return_attention_scores=return_attention_scores,
             cache=cache,
             cache_index=cache_index,
+            rows_per_source=rows_per_source,
         )
         if isinstance(results, tuple):
             return (self.logits(results[0], output_kernel),) + tuple(results[1:])
