@@ -140,6 +140,8 @@ def test_a_sentences_beams_read_its_source_once_as_copies_of_it_would(window, ca
         return layer(targets, cache=cache, cache_index=2, **settings)[:2]
 
     layer(targets, copies(source))  # build
+    with pytest.raises(ValueError, match="rows_per_source must be a positive integer, got 0"):
+        layer(targets, source, rows_per_source=0)
     expected, expected_scores = decode(copies(source), copies(source_mask))
     shared, shared_scores = decode(source, source_mask, rows_per_source=rows_per_source)
     np.testing.assert_allclose(ops.convert_to_numpy(shared), ops.convert_to_numpy(expected), atol=1e-5)

@@ -199,6 +199,7 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
                     "this DecoderLayer has cross-attention: pass encoder_outputs "
                     "(or a cache holding 'cross_attention')"
                 )
+            check_positive_int(rows_per_source=rows_per_source)
             if rows_per_source > 1:  # a sentence's rows as positions of one row
                 rows, length = ops.shape(outputs)[0], ops.shape(outputs)[1]
                 outputs = ops.reshape(outputs, (-1, rows_per_source * length, ops.shape(outputs)[2]))
