@@ -387,7 +387,7 @@ def test_the_greedy_path_beside_the_beams_returns_the_better_of_both_searches(be
         assert greedy_won > 0  # the greedy row made a difference somewhere
 
 
-def sentence_tables_step(tables, rows_seen=None):
+def sentence_tables_step(tables, rows_per_sentence, rows_seen=None):
     """A trigram model per sentence: the context says which table each sentence's rows read (its own)."""
     log_tables = tf.math.log(tf.constant(tables, tf.float32))
 
@@ -395,7 +395,7 @@ def sentence_tables_step(tables, rows_seen=None):
         if rows_seen is not None:
             rows_seen.append(int(tf.size(tokens)))
         # The context holds a row per sentence; its rows (beams) follow one another.
-        table = tf.repeat(context["table"], tf.size(tokens) // tf.size(context["table"]))
+        table = tf.repeat(context["table"], rows_per_sentence)
         logits = tf.gather_nd(log_tables, tf.stack([table, cache["previous"], tokens], axis=1))
         return logits, {"previous": tokens}
 
@@ -424,11 +424,11 @@ def test_dropping_finished_sentences_changes_no_result_and_saves_their_steps(bea
         for drop_finished in (True, False):
             rows_seen = []
             # Eager, so that every step's rows are counted; then in a graph, as the export runs it.
-            found[drop_finished] = search(sentence_tables_step(tables, rows_seen), cache,
+            found[drop_finished] = search(sentence_tables_step(tables, rows, rows_seen), cache,
                                           drop_finished=drop_finished, **settings)
             rows_computed[drop_finished] += sum(rows_seen)
             in_graph = tf.function(lambda cache, drop_finished=drop_finished: search(
-                sentence_tables_step(tables), cache, drop_finished=drop_finished, **settings))(cache)
+                sentence_tables_step(tables, rows), cache, drop_finished=drop_finished, **settings))(cache)
             np.testing.assert_array_equal(in_graph[0].numpy(), found[drop_finished][0].numpy())
             np.testing.assert_allclose(in_graph[1].numpy(), found[drop_finished][1].numpy(), rtol=1e-6)
         np.testing.assert_array_equal(found[True][0].numpy(), found[False][0].numpy())
@@ -446,7 +446,7 @@ def test_an_empty_batch_or_one_that_finishes_at_once_leaves_cleanly(max_lengths)
         context = {"table": tf.range(batch)}
         search = functools.partial(beam_search, beam_size=beams, keep_greedy=True) if beams > 1 else greedy_search
         found = [tf.function(lambda cache, drop_finished=drop_finished: search(
-            sentence_tables_step(tables), cache, TOY_START, TOY_END, max_lengths, context=context,
+            sentence_tables_step(tables, rows), cache, TOY_START, TOY_END, max_lengths, context=context,
             drop_finished=drop_finished))(cache) for drop_finished in (True, False)]
         assert found[0][0].shape[0] == batch
         np.testing.assert_array_equal(found[0][0].numpy(), found[1][0].numpy())

@@ -36,7 +36,7 @@ tensors with a row of each tensor per row of the search:
 
 Sentences end at different steps: a short one is done long before the
 longest in its batch. With `drop_finished` the searches set a finished
-sentence's result aside and drop its rows from the cache and the context,
+sentence's result aside and drop its rows from the cache and its row of the context,
 so that every later step computes only for the sentences still searching,
 as CTranslate2 does. That changes the rows' count from step to step; XLA,
 which needs fixed shapes, takes `drop_finished=False`.

@@ -122,7 +122,8 @@ def transformer_step(model, source_ids, max_length, beams=1, use_cache=True, gro
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)
     memory = model.encode(source_ids)
     source_mask = padding_mask(source_ids)
-    # The self-attention cache: a sentence's rows next to each other, each beam its own.
+    # Rows per sentence (beams), next to each other: the self-attention cache is repeated
+    # once here; the recomputing reference repeats the context at every step.
     repeat = lambda value, axis=0: tf.repeat(value, beams, axis=axis) if beams > 1 else value  # noqa: E731
     context = {"source_mask": source_mask}
 

@@ -213,11 +213,12 @@ def _write_cache(cache, keys_values, cache_index):
     sentence, head, position)` indices, one row each, listed in the new
     values' own order: the form every backend's scatter reads alike.
     """
-    batch, new_length, parts, heads = (ops.shape(keys_values)[axis] for axis in range(4))
-    sentences, positions, part_of, head_of = ops.meshgrid(
-        ops.arange(batch), ops.arange(new_length) + cache_index, ops.arange(parts), ops.arange(heads), indexing="ij"
+    rows, new_length, parts, heads = (ops.shape(keys_values)[axis] for axis in range(4))
+    # An "ij" grid walks the update rows in their own order: row, position, part, head.
+    row_of, position_of, part_of, head_of = ops.meshgrid(
+        ops.arange(rows), ops.arange(new_length) + cache_index, ops.arange(parts), ops.arange(heads), indexing="ij"
     )
-    slots = ops.reshape(ops.stack([part_of, sentences, head_of, positions], axis=-1), (-1, 4))
+    slots = ops.reshape(ops.stack([part_of, row_of, head_of, position_of], axis=-1), (-1, 4))
     return ops.scatter_update(cache, slots, ops.reshape(keys_values, (-1, ops.shape(keys_values)[4])))
 
 

@@ -14,7 +14,7 @@ position i can depend only on the known outputs at positions less than i."
 and `Decoder(new_ids, cache=cache, cache_index=t)` runs only the new
 positions t, t+1, ..., returning `(outputs, updated_cache)`. A cross-attention
 cache may also be a `(keys, values)` pair, each `(batch, heads,
-source_length, key_dim)`: rows on axis 0, as decoding's context keeps them.
+source_length, key_dim)`: sentences on axis 0, as decoding's context keeps them.
 
 **Beams share their source.** A beam search decodes several rows per
 sentence (its beams), which all attend to the same source. With
@@ -159,6 +159,7 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
         cache_index=None,
         rows_per_source=1,
     ):
+        check_positive_int(rows_per_source=rows_per_source)
         if padding_mask is None:
             padding_mask = keras_mask(inputs)
         if encoder_padding_mask is None and encoder_outputs is not None:
@@ -166,11 +167,11 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
         cache = dict(cache) if cache is not None else None
         scores = {}
 
-        def run(block, name, block_inputs, **arguments):
+        def run(block, name, block_inputs, block_mask, **arguments):
             """Call one sub-block; file its scores and cache under `name`."""
             results = block(
                 block_inputs,
-                inputs_mask=padding_mask,
+                inputs_mask=block_mask,
                 training=training,
                 return_attention_scores=return_attention_scores,
                 **arguments,
@@ -189,6 +190,7 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
             self.self_attention,
             "self_attention",
             inputs,
+            padding_mask,
             cache=cache["self_attention"] if cache is not None else None,
             cache_index=cache_index,
         )
@@ -199,22 +201,23 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
                     "this DecoderLayer has cross-attention: pass encoder_outputs "
                     "(or a cache holding 'cross_attention')"
                 )
-            check_positive_int(rows_per_source=rows_per_source)
-            if rows_per_source > 1:  # a sentence's rows as positions of one row
-                rows, length = ops.shape(outputs)[0], ops.shape(outputs)[1]
-                outputs = ops.reshape(outputs, (-1, rows_per_source * length, ops.shape(outputs)[2]))
+            queries, queries_mask = outputs, padding_mask
+            if rows_per_source > 1:  # a sentence's rows as positions of one row: consecutive, so a reshape
+                rows, length, width = (ops.shape(outputs)[axis] for axis in range(3))
+                queries = ops.reshape(outputs, (-1, rows_per_source * length, width))
                 if padding_mask is not None:
-                    padding_mask = ops.reshape(padding_mask, (-1, rows_per_source * length))
+                    queries_mask = ops.reshape(padding_mask, (-1, rows_per_source * length))
             outputs = run(
                 self.cross_attention_block,
                 "cross_attention",
-                outputs,
+                queries,
+                queries_mask,
                 context=None if cross_cache is not None else encoder_outputs,
                 context_mask=encoder_padding_mask,
                 cache=cross_cache,
             )
             if rows_per_source > 1:
-                outputs = ops.reshape(outputs, (rows, length, ops.shape(outputs)[2]))
+                outputs = ops.reshape(outputs, (rows, length, width))
                 if return_attention_scores:
                     scores["cross_attention"] = _positions_as_rows(scores["cross_attention"], rows_per_source, length)
         outputs = self.feed_forward(outputs, training=training)
