@@ -210,7 +210,7 @@ def _write_cache(cache, keys_values, cache_index):
     TensorFlow runs in place of copying every slot through a select, that
     every TensorFlow Serving build has, and that XLA compiles (the slot
     positions are data, not shapes). The slots go as a list of `(part,
-    sentence, head, position)` indices, one row each, listed in the new
+    row, head, position)` indices, one per update row, listed in the new
     values' own order: the form every backend's scatter reads alike.
     """
     rows, new_length, parts, heads = (ops.shape(keys_values)[axis] for axis in range(4))
