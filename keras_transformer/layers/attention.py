@@ -206,13 +206,16 @@ def _write_cache(cache, keys_values, cache_index):
     The new positions come in the layout their projection produces (one
     matmul with [W^K W^V], see `_project_new_keys_values`): no transpose into
     the cache's `(2, batch, heads, length, key_dim)` is needed, because a
-    scatter takes every slot's place from its index. It is one core op that
-    TensorFlow runs in place of copying every slot through a select, that
-    every TensorFlow Serving build has, and that XLA compiles (the slot
-    positions are data, not shapes). The slots go as a list of `(part,
-    row, head, position)` indices, one per update row, listed in the new
-    values' own order: the form every backend's scatter reads alike.
+    scatter takes every slot's place from its index. XLA (JAX's jit, or
+    TensorFlow's `jit_compile`) writes a scatter into the cache in place, and
+    compiles it with the positions as data, not shapes. The slots go as a
+    list of `(part, row, head, position)` indices, one per update row,
+    listed in the new values' own order: the form every backend's scatter
+    reads alike. TensorFlow without XLA copies the whole cache for a
+    scatter, so there the write is a slice update (`_write_cache_in_place`).
     """
+    if keras.backend.backend() == "tensorflow" and not _compiling_with_xla():
+        return _write_cache_in_place(cache, keys_values, cache_index)
     rows, new_length, parts, heads = (ops.shape(keys_values)[axis] for axis in range(4))
     # An "ij" grid walks the update rows in their own order: row, position, part, head.
     row_of, position_of, part_of, head_of = ops.meshgrid(
@@ -220,6 +223,45 @@ def _write_cache(cache, keys_values, cache_index):
     )
     slots = ops.reshape(ops.stack([part_of, row_of, head_of, position_of], axis=-1), (-1, 4))
     return ops.scatter_update(cache, slots, ops.reshape(keys_values, (-1, ops.shape(keys_values)[4])))
+
+
+def _write_cache_in_place(cache, keys_values, cache_index):
+    """`_write_cache` for TensorFlow without XLA: one slice update, which writes into the cache itself.
+
+    TensorFlow's scatter (`TensorScatterUpdate`) copies its whole input
+    before writing, even where nothing else reads it: every layer's cache,
+    at every decoding step, about a tenth of a beam search's time. Its
+    strided-slice update writes into its input whenever it holds the only
+    reference, as a decoding step's cache does (BENCHMARKS.md). XLA compiles
+    that op only for slice bounds known when compiling, and `cache_index`
+    is data, so under XLA the scatter stays.
+    """
+    import tensorflow as tf
+
+    shape = tf.shape(cache)  # (2, batch, heads, length, key_dim)
+    key_dim = shape[4]
+    new_length = tf.shape(keys_values)[1]
+    # Seen as one line of length * key_dim values per (part, row, head), the
+    # new positions are one block of columns: a two-axis slice, the cheapest
+    # for TensorFlow's slice kernel to address.
+    lines = shape[0] * shape[1] * shape[2]
+    new_columns = tf.reshape(tf.transpose(keys_values, (2, 0, 3, 1, 4)), tf.stack([lines, new_length * key_dim]))
+    written = tf.raw_ops.TensorStridedSliceUpdate(
+        input=tf.reshape(cache, tf.stack([lines, shape[3] * key_dim])),
+        begin=tf.stack([0, cache_index * key_dim]),
+        end=tf.stack([lines, (cache_index + new_length) * key_dim]),
+        strides=[1, 1],
+        value=new_columns,
+    )
+    return tf.reshape(written, shape)
+
+
+def _compiling_with_xla():
+    """Whether TensorFlow is tracing for XLA (`jit_compile=True`), here or in a function around this one."""
+    import tensorflow as tf
+    from tensorflow.python.ops import control_flow_util  # the check tf.function itself uses
+
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
