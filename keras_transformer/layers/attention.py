@@ -211,8 +211,8 @@ def _write_cache(cache, keys_values, cache_index):
     compiles it with the positions as data, not shapes. The slots go as a
     list of `(part, row, head, position)` indices, one per update row,
     listed in the new values' own order: the form every backend's scatter
-    reads alike. TensorFlow without XLA copies the whole cache for a
-    scatter, so there the write is a slice update (`_write_cache_in_place`).
+    reads alike. TensorFlow without XLA writes differently:
+    `_write_cache_in_place`.
     """
     if keras.backend.backend() == "tensorflow" and not _compiling_with_xla():
         return _write_cache_in_place(cache, keys_values, cache_index)
@@ -226,38 +226,45 @@ def _write_cache(cache, keys_values, cache_index):
 
 
 def _write_cache_in_place(cache, keys_values, cache_index):
-    """`_write_cache` for TensorFlow without XLA: one slice update, which writes into the cache itself.
+    """`_write_cache` for TensorFlow without XLA: one slice update, in place where nothing else holds the cache.
 
     TensorFlow's scatter (`TensorScatterUpdate`) copies its whole input
     before writing, even where nothing else reads it: every layer's cache,
-    at every decoding step, about a tenth of a beam search's time. Its
-    strided-slice update writes into its input whenever it holds the only
-    reference, as a decoding step's cache does (BENCHMARKS.md). XLA compiles
-    that op only for slice bounds known when compiling, and `cache_index`
-    is data, so under XLA the scatter stays.
+    at every decoding step. Its strided-slice update writes into its input
+    whenever it holds the only reference, as a decoding step's cache inside
+    a `tf.function` does (eagerly the caller still holds it, and it is
+    copied as before). The new positions are transposed into the cache's
+    order first: a copy of their own size, not of the cache's
+    (BENCHMARKS.md, "The same on this machine, change by change"). XLA
+    compiles that op only for slice bounds known when compiling, and
+    `cache_index` is data, so under XLA the scatter stays.
     """
     import tensorflow as tf
 
-    shape = tf.shape(cache)  # (2, batch, heads, length, key_dim)
-    key_dim = shape[4]
+    parts, rows, heads, length, key_dim = tf.unstack(tf.shape(cache))
     new_length = tf.shape(keys_values)[1]
+    cache_index = tf.cast(cache_index, key_dim.dtype)
     # Seen as one line of length * key_dim values per (part, row, head), the
     # new positions are one block of columns: a two-axis slice, the cheapest
     # for TensorFlow's slice kernel to address.
-    lines = shape[0] * shape[1] * shape[2]
+    lines = parts * rows * heads
     new_columns = tf.reshape(tf.transpose(keys_values, (2, 0, 3, 1, 4)), tf.stack([lines, new_length * key_dim]))
     written = tf.raw_ops.TensorStridedSliceUpdate(
-        input=tf.reshape(cache, tf.stack([lines, shape[3] * key_dim])),
+        input=tf.reshape(cache, tf.stack([lines, length * key_dim])),
         begin=tf.stack([0, cache_index * key_dim]),
         end=tf.stack([lines, (cache_index + new_length) * key_dim]),
         strides=[1, 1],
         value=new_columns,
     )
-    return tf.reshape(written, shape)
+    return tf.reshape(written, tf.shape(cache))
 
 
 def _compiling_with_xla():
-    """Whether TensorFlow is tracing for XLA (`jit_compile=True`), here or in a function around this one."""
+    """Whether TensorFlow is tracing for XLA (`jit_compile=True`), here or in a function around this one.
+
+    TensorFlow's auto-clustering (`TF_XLA_FLAGS=--tf_xla_auto_jit`) is not
+    seen here; it would compile the slice update anew for each step.
+    """
     import tensorflow as tf
     from tensorflow.python.ops import control_flow_util  # the check tf.function itself uses
 
@@ -466,9 +473,9 @@ class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
     def _project_new_keys_values(self, inputs):
         """A decoding step's K and V from one matmul with [W^K W^V]: `(batch, new, 2, heads, head_dim)`.
 
-        Left in the matmul's own layout, which the cache write reads as it is
-        (`_write_cache`): taking K and V apart, or moving heads before
-        positions, would copy them (and slicing the kernel would copy it).
+        Left in the matmul's own layout, which the cache's scatter reads as
+        it is (`_write_cache`): taking K and V apart here would copy them,
+        and slicing the kernel would copy it.
         """
         width = 2 * self.num_heads * self.head_dim
         projected = ops.matmul(inputs, ops.reshape(self._weight(self.key_value_kernel), (-1, width)))
