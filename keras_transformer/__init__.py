@@ -9,6 +9,8 @@ import importlib
 import os
 import sys
 
+from keras_transformer import startup  # the standard library only
+
 __version__ = "0.1.0"
 
 # Imported when first used, so that `import keras_transformer` (all a saved
@@ -21,8 +23,12 @@ _LAZY = ("data", "evaluation", "export", "inference", "runs", "tensorboard_logge
 # imports what a command needs once it runs, so that parsing arguments (and
 # `--help`) does not wait seconds for TensorFlow to start; and so is
 # `tensorboard`, which loads the Attention tab's plugin and needs no model.
+# The scripts in examples/ start TensorFlow as the command does, without its
+# start-up lines (startup.py says why they need catching).
 _IMPORTS_LATER = ("keras-transformer", "tensorboard")
 if os.path.basename((getattr(sys, "argv", None) or [""])[0]) not in _IMPORTS_LATER:
+    if startup.is_an_example():
+        startup.start_tensorflow_quietly()
     from keras_transformer import layers, models  # noqa: F401
 
 

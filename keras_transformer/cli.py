@@ -21,14 +21,13 @@ once a command runs.
 """
 
 import argparse
-import importlib
 import json
 import logging
 import os
 import re
 import sys
-import tempfile
 
+from keras_transformer import startup
 from keras_transformer.runs import options
 
 # -- the parser, from the options table ------------------------------------------------
@@ -70,9 +69,30 @@ def _add_run_directory_arguments(parser):
     )
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser that takes its options anywhere among its positionals, as users type them.
+
+    Plain argparse fills every positional from the first run of them:
+    `translate runs/demo --beam-size 1 "A dog."` would leave "A dog." unrecognised.
+    Intermixed parsing reads the options first, then the positionals in order.
+    """
+
+    _intermixing = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        # parse_known_intermixed_args calls parse_known_args itself: only the outer call intermixes.
+        if self._intermixing:
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="keras-transformer", description=__doc__.split("\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_CommandParser)
 
     train = commands.add_parser("train", help="train a translation model into a run directory")
     _add_config_options(train, options.TRANSLATION)
@@ -517,44 +537,6 @@ def _plot_attention(arguments):
 # -- running -----------------------------------------------------------------------------
 
 
-# What TensorFlow's C++ side prints while it starts, before its log level
-# applies: the logger's preamble and INFO/WARNING lines ("I0000 ... oneDNN
-# custom operations are on", "Could not find cuda drivers").
-_START_UP_NOISE = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\)|[IW]\d{4} )")
-
-
-def _start_tensorflow_quietly():
-    """Import TensorFlow with no start-up chatter on the console, unless the user asked for its logs.
-
-    TF_CPP_MIN_LOG_LEVEL quiets TensorFlow's own logging, but some start-up
-    lines are written to the stderr file descriptor before that setting is
-    read: they are caught there while TensorFlow loads, and all but those
-    lines passed on.
-    """
-    if "TF_CPP_MIN_LOG_LEVEL" in os.environ:
-        return  # the user chose what to see
-    # 3: not even ERROR lines, which on a machine without a GPU include
-    # "failed call to cuInit"; a real failure still surfaces as an exception.
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    sys.stderr.flush()
-    saved_stderr = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            for module in ("tensorflow", "keras", "tensorflow_text"):
-                importlib.import_module(module)
-        finally:
-            os.dup2(saved_stderr, 2)
-            os.close(saved_stderr)
-        captured.seek(0)
-        for line in captured.read().decode("utf-8", errors="replace").splitlines():
-            if not _START_UP_NOISE.match(line):
-                print(line, file=sys.stderr)
-    # TensorFlow's Python side logs at INFO what a user did not ask about
-    # ("Assets written to: ..." when saving); warnings still show.
-    logging.getLogger("tensorflow").setLevel(logging.WARNING)
-
-
 # The exit status of a run stopped by SIGTERM after saving its state (128 + 15,
 # what a shell reports for a process that SIGTERM ended).
 INTERRUPTED = 143
@@ -589,7 +571,7 @@ def main(argv=None):
     if problem:
         print(f"keras-transformer: error: {problem}", file=sys.stderr)
         return 2
-    _start_tensorflow_quietly()
+    startup.start_tensorflow_quietly()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from keras_transformer.training import TrainingInterrupted
 

@@ -128,3 +128,74 @@ def test_the_command_is_quiet_about_tensorflow_starting(tmp_path):
     assert result.stderr.splitlines() == [
         f"keras-transformer: error: {tmp_path / 'nowhere'} is not a run directory: it has no config.json"
     ], result.stderr
+
+
+# Every command that takes a run directory and then texts, with options before, between and after
+# the texts: what the command receives, and the options it got.
+OPTIONS_ANYWHERE = {
+    "translate": (["--beam-size", "3"], "sentences", {"beam_size": 3}),
+    "classify": ([], "texts", {}),
+    "generate": (["--seed", "7", "--top-k", "5"], "prompts", {"seed": 7, "top_k": 5}),
+}
+
+
+@pytest.mark.parametrize("command", sorted(OPTIONS_ANYWHERE))
+def test_options_go_before_between_or_after_the_texts(command):
+    from keras_transformer import cli
+
+    options_given, texts_dest, expected = OPTIONS_ANYWHERE[command]
+    texts = ["The dog sees the cat.", "A woman sleeps."]
+    for arguments in (
+        [command, "runs/demo", *options_given, *texts],
+        [command, *options_given, "runs/demo", *texts],
+        [command, "runs/demo", texts[0], *options_given, texts[1]],
+        [command, "runs/demo", *texts, *options_given],
+    ):
+        parsed = vars(cli.build_parser().parse_args(arguments))
+        assert parsed["run_dir"] == "runs/demo" and parsed[texts_dest] == texts, arguments
+        assert {key: parsed[key] for key in expected} == expected, arguments
+
+
+def test_plot_attention_takes_its_options_anywhere():
+    from keras_transformer import cli
+
+    for arguments in (
+        # --heads takes a list: the next text goes after another option, or after "--".
+        ["runs/demo", "--heads", "0", "1", "--out", "a.png", "A dog."],
+        ["--layer", "1", "runs/demo", "--out", "a.png", "--heads", "0", "1", "--", "A dog."],
+        ["runs/demo", "A dog.", "--out", "a.png", "--layer", "1"],
+    ):
+        parsed = cli.build_parser().parse_args(["plot-attention", *arguments])
+        assert (parsed.run_dir, parsed.sentence, parsed.out) == ("runs/demo", "A dog.", "a.png"), arguments
+    # A text that looks like an option still goes after "--".
+    parsed = cli.build_parser().parse_args(["translate", "runs/demo", "--beam-size", "2", "--", "--not-an-option"])
+    assert parsed.sentences == ["--not-an-option"] and parsed.beam_size == 2
+
+
+def test_an_unknown_option_among_the_texts_is_still_refused(capsys):
+    from keras_transformer import cli
+
+    with pytest.raises(SystemExit) as exit_status:
+        cli.build_parser().parse_args(["translate", "runs/demo", "A dog.", "--beams", "2"])
+    assert exit_status.value.code == 2
+    assert "unrecognized arguments: --beams 2" in capsys.readouterr().err
+
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def test_the_examples_start_without_tensorflows_start_up_lines():
+    # Each example that imports the package, as a user starts it (no TF_CPP_MIN_LOG_LEVEL): what it
+    # prints first is its own. The three start side by side; each imports TensorFlow.
+    environment = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
+    names = ("translate_multi30k.py", "classify_sentiment.py", "language_model.py")
+    started = {
+        name: subprocess.Popen([sys.executable, str(EXAMPLES / name), "--help"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=environment)
+        for name in names
+    }
+    for name, process in started.items():
+        stdout, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr[-2000:]
+        assert stdout.startswith(f"usage: {name}"), stdout[:300]
+        assert stderr == "", f"{name} printed on stderr:\n{stderr[:1000]}"

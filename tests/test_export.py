@@ -88,13 +88,14 @@ def test_train_evaluate_translate_on_the_demo_corpus(trained_demo_run):
     assert set(scores) == {"bleu", "bleu_lowercase", "chrf"}
     assert len((run_dir / "hypotheses.val.txt").read_text(encoding="utf-8").splitlines()) == 40
 
-    translated = cli("translate", run_dir, "The dog sees the cat.", "A woman sleeps.")
+    # Options go anywhere among the texts, as users type them.
+    translated = cli("translate", run_dir, "--beam-size", 1, "The dog sees the cat.", "A woman sleeps.")
     assert len(translated.stdout.splitlines()) == 2
-    from_stdin = cli("translate", run_dir, input="The dog sees the cat.\nA woman sleeps.\n")
+    from_stdin = cli("translate", run_dir, "--beam-size", 1, input="The dog sees the cat.\nA woman sleeps.\n")
     assert from_stdin.stdout == translated.stdout
 
     picture = run_dir.parent / "attention.png"
-    plotted = cli("plot-attention", run_dir, "The dog sees the cat.", "--out", picture, "--layer", 0)
+    plotted = cli("plot-attention", run_dir, "--beam-size", 1, "The dog sees the cat.", "--out", picture, "--layer", 0)
     assert plotted.stdout.splitlines()[0] == translated.stdout.splitlines()[0]
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

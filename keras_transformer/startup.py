@@ -1,0 +1,66 @@
+"""How our programs start TensorFlow: quietly, as a command-line tool should.
+
+TensorFlow's C++ side prints several lines while it loads ("All log messages
+before absl::InitializeLog()...", "oneDNN custom operations are on...",
+"Could not find cuda drivers...") before TF_CPP_MIN_LOG_LEVEL applies, so
+setting that variable alone does not silence them. The `keras-transformer`
+command and the scripts in examples/ import TensorFlow through
+`start_tensorflow_quietly`, so that their first lines of output are their own.
+A program of the user's that imports the package is left as it is.
+
+This module imports only the standard library: the package's `__init__`
+uses it before TensorFlow is loaded.
+"""
+
+import importlib
+import logging
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+# What TensorFlow's C++ side prints while it starts, before its log level
+# applies: the logger's preamble and INFO/WARNING lines ("I0000 ... oneDNN
+# custom operations are on", "Could not find cuda drivers").
+_START_UP_NOISE = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\)|[IW]\d{4} )")
+
+# The scripts beside the package in its repository: they start as the command does.
+EXAMPLES_DIRECTORY = Path(__file__).resolve().parent.parent / "examples"
+
+
+def is_an_example():
+    """Whether this process runs one of the scripts in examples/."""
+    script = (getattr(sys, "argv", None) or [""])[0]
+    return bool(script) and Path(script).resolve().parent == EXAMPLES_DIRECTORY
+
+
+def start_tensorflow_quietly():
+    """Import TensorFlow with no start-up chatter on the console, unless the user asked for its logs.
+
+    The start-up lines are written to the stderr file descriptor while
+    TensorFlow loads: they are caught there, and all but those lines passed
+    on. A user who set TF_CPP_MIN_LOG_LEVEL chose what to see, and sees it.
+    """
+    if "TF_CPP_MIN_LOG_LEVEL" in os.environ or "tensorflow" in sys.modules:
+        return
+    # 3: not even ERROR lines, which on a machine without a GPU include
+    # "failed call to cuInit"; a real failure still surfaces as an exception.
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    sys.stderr.flush()
+    saved_stderr = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            for module in ("tensorflow", "keras", "tensorflow_text"):
+                importlib.import_module(module)
+        finally:
+            os.dup2(saved_stderr, 2)
+            os.close(saved_stderr)
+        captured.seek(0)
+        for line in captured.read().decode("utf-8", errors="replace").splitlines():
+            if not _START_UP_NOISE.match(line):
+                print(line, file=sys.stderr)
+    # TensorFlow's Python side logs at INFO what a user did not ask about
+    # ("Assets written to: ..." when saving); warnings still show.
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)
