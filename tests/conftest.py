@@ -7,7 +7,11 @@ TensorFlow is never imported, and tests marked `tensorflow` (what is
 TensorFlow by nature: graphs, tapes, strategies) are skipped.
 """
 
+import fcntl
+import json
 import os
+import shutil
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -70,20 +74,49 @@ def mirrored_strategy():
     return mirrored_strategy(tuple(device.name for device in tf.config.list_logical_devices("CPU")[:2]))
 
 
+def built_once(tmp_path_factory, name, build):
+    """A directory that `build(directory)` fills once per test session, shared by every xdist worker.
+
+    The first worker to ask builds it under a file lock in the session's
+    temporary directory (the parent of each worker's own); the others wait and
+    reuse it. What `build` returns is kept beside it as JSON and returned to
+    each. Tests read what is there: a test that changes it works on a copy.
+    """
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    directory, done = root / "built-once" / name, root / "built-once" / f"{name}.json"
+    done.parent.mkdir(exist_ok=True)
+    with open(root / "built-once" / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(directory, ignore_errors=True)  # a build that failed halfway
+            directory.mkdir()
+            done.write_text(json.dumps(build(directory)))
+    return directory, json.loads(done.read_text())
+
+
 @pytest.fixture(scope="session")
 def trained_demo_run(tmp_path_factory):
-    """A small translator trained by `keras-transformer train` on the demo corpus.
+    """A small translator trained by `keras-transformer train` on the demo corpus, once per session.
 
-    Two replicas under MirroredStrategy; a minute of training is enough for
+    Two replicas under MirroredStrategy, float32; a minute of training is enough for
     translations that differ from sentence to sentence. Shared by the CLI,
-    export and serving tests. Returns `(run_directory, train_stdout)`.
+    export, CTranslate2 and explorer tests (read-only: a test that writes into
+    it works on a copy). Returns `(run_directory, train_stdout)`.
     """
-    from helpers import cli
 
-    run = tmp_path_factory.mktemp("runs") / "demo"
-    result = cli(
-        "train", "--dataset", "demo", "--out", run, "--epochs", 1, "--steps-per-epoch", 100,
-        "--warmup-steps", 100, "--limit-train", 3000, "--limit-val", 40, "--cpu-replicas", 2,
-        "--strategy", "mirrored", "--num-layers", 2, "--d-model", 64, "--num-heads", 2, "--d-ff", 128,
-    )
-    return run, result.stdout
+    def train(directory):
+        from helpers import cli
+
+        result = cli(
+            "train", "--dataset", "demo", "--out", directory / "demo", "--epochs", 1, "--steps-per-epoch", 100,
+            "--warmup-steps", 100, "--limit-train", 3000, "--limit-val", 40, "--cpu-replicas", 2,
+            "--strategy", "mirrored", "--num-layers", 2, "--d-model", 64, "--num-heads", 2, "--d-ff", 128,
+            # float32 on every CPU: CTranslate2 (float32 on a CPU) must translate exactly as it does.
+            "--precision", "float32",
+        )
+        return result.stdout
+
+    directory, stdout = built_once(tmp_path_factory, "demo", train)
+    return Path(directory) / "demo", stdout

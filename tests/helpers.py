@@ -1,6 +1,17 @@
-"""Running the `keras-transformer` command as a user does: a real subprocess."""
+"""Running the `keras-transformer` command as a user does: a real subprocess, or its entry function here.
 
+`cli` starts a new process, for what a new process is the point of (the
+installed entry point, kill -9 and SIGTERM, a fresh import). `cli_here` runs
+the same command through `keras_transformer.cli.main` in the test's own
+process, with the same exit status, stdout and stderr: no TensorFlow start-up
+and no tracing again, for the command's logic (its rerun rules, refusals,
+outputs).
+"""
+
+import contextlib
+import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -15,6 +26,39 @@ TINY_MODEL = ["--num-layers", "1", "--d-model", "32", "--num-heads", "2", "--d-f
 
 def cli(*arguments, input=None, check=True, timeout=600):
     return run([*CLI, *arguments], input=input, check=check, timeout=timeout)
+
+
+def cli_here(*arguments, input=None, check=True):
+    """`keras-transformer ARGUMENTS` run in this process: a `CompletedProcess` as `cli` returns.
+
+    Its log lines go to its stderr, as the command's do (the command's own
+    `logging.basicConfig` does nothing under pytest, whose handlers come first).
+    """
+    from keras_transformer import cli as command_line
+
+    arguments = [str(part) for part in arguments]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    root = logging.getLogger()
+    saved_level, saved_stdin = root.level, sys.stdin
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    sys.stdin = io.StringIO(input or "")
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                status = command_line.main(arguments)
+            except SystemExit as exit:  # argparse: --help, or a usage error
+                status = exit.code if isinstance(exit.code, int) else 2
+    finally:
+        sys.stdin = saved_stdin
+        root.removeHandler(handler)
+        root.setLevel(saved_level)
+    result = subprocess.CompletedProcess(arguments, status, stdout.getvalue(), stderr.getvalue())
+    if check and status != 0:
+        raise AssertionError(f"exit {status}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
 
 
 def run(command, input=None, check=True, timeout=600):

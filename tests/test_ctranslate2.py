@@ -112,7 +112,7 @@ def test_what_ctranslate2_cannot_run_and_a_taken_directory_are_refused(tmp_path)
 
 @pytest.mark.slow
 def test_export_format_ctranslate2_and_translate_with_it_on_the_command_line(trained_demo_run, tmp_path):
-    from helpers import cli
+    from helpers import cli_here as cli  # the commands in this process; test_cli.py proves the console script
     from keras_transformer.data import demo_corpus
 
     run, _ = trained_demo_run

@@ -14,6 +14,7 @@ graphs must hold nothing but TensorFlow and tensorflow-text ops.
 import base64
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import EXPORT_OPS, check_run_directory, cli, malformed_requests, run
+from helpers import EXPORT_OPS, check_run_directory, cli, cli_here, malformed_requests, run
 from keras_transformer.runs import translation
 from keras_transformer.export import export_translator, resolve_export
 
@@ -72,30 +73,35 @@ np.savez(
 
 
 @pytest.mark.slow
-def test_train_evaluate_translate_on_the_demo_corpus(trained_demo_run):
-    run_dir, stdout = trained_demo_run
+def test_train_evaluate_translate_on_the_demo_corpus(trained_demo_run, tmp_path):
+    trained_run, stdout = trained_demo_run
     assert "validation BLEU" in stdout and "translation:" in stdout
-    assert f"run directory: {run_dir}" in stdout and "tensorboard --logdir" in stdout
-    check_run_directory(run_dir)
-    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert f"run directory: {trained_run}" in stdout and "tensorboard --logdir" in stdout
+    check_run_directory(trained_run)
+    metrics = json.loads((trained_run / "metrics.json").read_text())
     assert metrics["training"]["replicas"] == 2
     assert metrics["val"]["sentences"] == 40 and "bleu" in metrics["val"]
     # `train` adds the AttentionMapLogger: attention maps of validation samples in TensorBoard.
-    assert list((run_dir / "logs" / "samples").glob("events.out.tfevents.*"))
+    assert list((trained_run / "logs" / "samples").glob("events.out.tfevents.*"))
 
-    evaluated = cli("evaluate", run_dir, "--split", "val", "--beam-size", 2)
+    # The commands in this process (the console script is proved in test_cli.py), on a copy:
+    # evaluate writes its hypotheses into the run.
+    run_dir = tmp_path / "demo"
+    shutil.copytree(trained_run, run_dir)
+    evaluated = cli_here("evaluate", run_dir, "--split", "val", "--beam-size", 2)
     scores = json.loads(evaluated.stdout.strip().splitlines()[-1])
     assert set(scores) == {"bleu", "bleu_lowercase", "chrf"}
     assert len((run_dir / "hypotheses.val.txt").read_text(encoding="utf-8").splitlines()) == 40
 
     # Options go anywhere among the texts, as users type them.
-    translated = cli("translate", run_dir, "--beam-size", 1, "The dog sees the cat.", "A woman sleeps.")
+    translated = cli_here("translate", run_dir, "--beam-size", 1, "The dog sees the cat.", "A woman sleeps.")
     assert len(translated.stdout.splitlines()) == 2
-    from_stdin = cli("translate", run_dir, "--beam-size", 1, input="The dog sees the cat.\nA woman sleeps.\n")
+    from_stdin = cli_here("translate", run_dir, "--beam-size", 1, input="The dog sees the cat.\nA woman sleeps.\n")
     assert from_stdin.stdout == translated.stdout
 
-    picture = run_dir.parent / "attention.png"
-    plotted = cli("plot-attention", run_dir, "--beam-size", 1, "The dog sees the cat.", "--out", picture, "--layer", 0)
+    picture = tmp_path / "attention.png"
+    plotted = cli_here("plot-attention", run_dir, "--beam-size", 1, "The dog sees the cat.", "--out", picture,
+                       "--layer", 0)
     assert plotted.stdout.splitlines()[0] == translated.stdout.splitlines()[0]
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -114,7 +120,7 @@ def load_example(name):
 def export_base(trained_demo_run, tmp_path_factory):
     run_dir, _ = trained_demo_run
     base = tmp_path_factory.mktemp("exports") / "translator"
-    result = cli("export", run_dir, base, "--beam-size", BEAM_SIZE)
+    result = cli_here("export", run_dir, base, "--beam-size", BEAM_SIZE)
     assert f"exported SavedModel: {base / '1'}" in result.stdout
     return base
 
@@ -198,12 +204,12 @@ def test_saved_model_cli_shows_string_signatures_and_translates(export_base, in_
 def test_the_cli_translates_through_the_export(export_base, in_process, trained_demo_run):
     _, expected, _ = in_process
     # The base resolves to its highest version.
-    result = cli("translate", "--saved-model", export_base, SENTENCES[0], SENTENCES[1])
+    result = cli_here("translate", "--saved-model", export_base, SENTENCES[0], SENTENCES[1])
     assert result.stdout.splitlines() == [text.decode() for text in expected["translation"].numpy()[:2]]
 
     # A second export goes next to the first; an existing version is never overwritten.
     run_dir, _ = trained_demo_run
-    refused = cli("export", run_dir, export_base, "--version", 1, check=False)
+    refused = cli_here("export", run_dir, export_base, "--version", 1, check=False)
     assert refused.returncode == 2 and "already exists" in refused.stderr
 
 
@@ -299,12 +305,3 @@ def test_malformed_requests_are_refused_and_the_serving_process_lives(export_bas
     for answer in random_answers:
         if answer["answer"] == "InternalError":  # the Python session client cannot convert the dtype
             assert answer["loader"] == "session" and "Unsupported object type" in answer["message"], answer
-
-
-def test_a_run_records_the_precision_auto_chose(trained_demo_run):
-    from keras_transformer.training import choose_precision
-
-    run, _ = trained_demo_run
-    settings = json.loads((run / "config.json").read_text())["training"]
-    assert settings["precision"] == "auto"
-    assert (settings["precision_chosen"], settings["precision_reason"]) == choose_precision("auto")

@@ -140,7 +140,9 @@ def test_top_k_1_and_a_tiny_top_p_are_greedy_and_end_stops_a_text():
 
 @pytest.mark.slow
 def test_train_lm_generate_and_evaluate_on_the_command_line(tmp_path):
-    from helpers import TINY_MODEL, cli
+    # The command through its entry function, in this process (the console script is tested in test_cli.py).
+    from helpers import TINY_MODEL, cli_here as cli
+    from keras_transformer.training import choose_precision
     from keras_transformer.data import demo_corpus
 
     texts = tmp_path / "texts.txt"
@@ -149,6 +151,10 @@ def test_train_lm_generate_and_evaluate_on_the_command_line(tmp_path):
     trained = cli("train-lm", "--text", texts, "--out", run, *TINY_MODEL, "--vocab-size", "300", "--max-length", "32",
                   "--batch-size", "16", "--epochs", "2", "--warmup-steps", "50")
     assert "validation perplexity" in trained.stdout
+    # The run records what precision "auto" (the default) chose, and why.
+    settings = json.loads((run / "config.json").read_text())["training"]
+    assert settings["precision"] == "auto"
+    assert (settings["precision_chosen"], settings["precision_reason"]) == choose_precision("auto")
 
     def generate(*settings):
         return cli("generate", run, "The young cat", "A dog", *settings).stdout.splitlines()

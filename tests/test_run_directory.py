@@ -17,13 +17,15 @@ import zipfile
 
 import pytest
 
-from helpers import CLI, ENV, TINY_MODEL, cli
+from helpers import CLI, ENV, TINY_MODEL, cli, cli_here
 from keras_transformer import cli as command_line
 from keras_transformer.runs import options, run_dir, translation
 
+# One device (the test process has two logical CPUs, where "auto" would mirror): the same
+# training in this process (`cli_here`) and in a new one (`cli`, the kill tests).
 SMALL_RUN = [
     "--dataset", "demo", "--limit-train", "1500", "--limit-val", "20", "--no-evaluate", "--tokens-per-batch", "1024",
-    "--attention-samples", "0", "--warmup-steps", "50", *TINY_MODEL,
+    "--attention-samples", "0", "--warmup-steps", "50", "--strategy", "none", *TINY_MODEL,
 ]
 
 
@@ -49,8 +51,9 @@ def wait_for_backup(process, run, condition, timeout=300):
 
 @pytest.mark.slow
 def test_a_run_killed_or_stopped_mid_epoch_resumes_exactly_as_if_never_stopped(tmp_path):
+    # The uninterrupted run in this process; the killed and stopped ones in processes of their own.
     uninterrupted = tmp_path / "uninterrupted"
-    cli("train", *SMALL_RUN, "--epochs", 3, "--out", uninterrupted)
+    cli_here("train", *SMALL_RUN, "--epochs", 3, "--out", uninterrupted)
 
     run = tmp_path / "killed"
     arguments = CLI + [str(a) for a in ("train", *SMALL_RUN, "--epochs", 3, "--out", run, "--save-every-steps", 3)]
@@ -77,7 +80,7 @@ def test_a_run_killed_or_stopped_mid_epoch_resumes_exactly_as_if_never_stopped(t
     stopped_at = backup_state(run)
     assert stopped_at["batches_done"] > 0 and not (run / "model.keras").exists()
 
-    resumed = cli(*arguments[len(CLI):])
+    resumed = cli_here(*arguments[len(CLI):])
     assert f"Epoch {stopped_at['epoch'] + 1}/3" in resumed.stdout and "Epoch 1/3" not in resumed.stdout
     # Same batches in the same order, same dropout, the epoch's metrics carried over: every
     # figure of every epoch is the same.
@@ -89,16 +92,16 @@ def test_a_run_killed_or_stopped_mid_epoch_resumes_exactly_as_if_never_stopped(t
 @pytest.mark.slow
 def test_reruns_follow_the_rules_and_never_replace_a_better_checkpoint(tmp_path):
     run = tmp_path / "run"
-    cli("train", *SMALL_RUN, "--epochs", 2, "--out", run)
+    cli_here("train", *SMALL_RUN, "--epochs", 2, "--out", run)
     finished = {name: (run / name).read_bytes() for name in ("model.keras", "history.csv", "checkpoints/best.weights.h5")}
 
     # A finished run is not trained again.
-    again = cli("train", *SMALL_RUN, "--epochs", 2, "--out", run)
+    again = cli_here("train", *SMALL_RUN, "--epochs", 2, "--out", run)
     assert "has finished its 2 epoch(s): nothing to train" in again.stdout
     assert {name: (run / name).read_bytes() for name in finished} == finished
 
     # Other settings are refused, naming them; nothing is touched.
-    changed = cli("train", *SMALL_RUN, "--epochs", 2, "--d-model", 64, "--out", run, check=False)
+    changed = cli_here("train", *SMALL_RUN, "--epochs", 2, "--d-model", 64, "--out", run, check=False)
     assert changed.returncode == 2
     (line,) = [line for line in changed.stderr.splitlines() if line.startswith("keras-transformer:")]
     assert "model.d_model: 32 saved, 64 given" in line and "--overwrite" in line
@@ -113,14 +116,14 @@ def test_reruns_follow_the_rules_and_never_replace_a_better_checkpoint(tmp_path)
         writer = csv.DictWriter(file, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    longer = cli("train", *SMALL_RUN, "--epochs", 3, "--out", run)
+    longer = cli_here("train", *SMALL_RUN, "--epochs", 3, "--out", run)
     assert "Epoch 3/3" in longer.stdout and "Epoch 2/3" not in longer.stdout
     assert [row["epoch"] for row in history(run)] == ["0", "1", "2"]
     assert (run / "checkpoints/best.weights.h5").read_bytes() == finished["checkpoints/best.weights.h5"]
 
     # --overwrite starts over, and leaves the user's own files alone.
     (run / "notes.txt").write_text("mine")
-    cli("train", *SMALL_RUN, "--epochs", 1, "--out", run, "--overwrite")
+    cli_here("train", *SMALL_RUN, "--epochs", 1, "--out", run, "--overwrite")
     assert [row["epoch"] for row in history(run)] == ["0"]
     assert (run / "notes.txt").read_text() == "mine"
 
@@ -129,16 +132,16 @@ def test_reruns_follow_the_rules_and_never_replace_a_better_checkpoint(tmp_path)
 def test_a_failed_start_can_be_corrected_and_a_foreign_directory_is_refused(tmp_path):
     run = tmp_path / "run"
     pairs = tmp_path / "pairs.tsv"
-    failed = cli("train", *SMALL_RUN[2:], "--dataset", "files", "--train-tsv", pairs, "--out", run, check=False)
+    failed = cli_here("train", *SMALL_RUN[2:], "--dataset", "files", "--train-tsv", pairs, "--out", run, check=False)
     assert failed.returncode == 2 and (run / "config.json").exists()
     pairs.write_text("".join(f"ein hund {i}\ta dog {i}\n" for i in range(200)), encoding="utf-8")
-    cli("train", *SMALL_RUN[2:], "--dataset", "files", "--train-tsv", pairs, "--epochs", 1, "--out", run)
+    cli_here("train", *SMALL_RUN[2:], "--dataset", "files", "--train-tsv", pairs, "--epochs", 1, "--out", run)
     assert [row["epoch"] for row in history(run)] == ["0"]
 
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "thesis.tex").write_text("precious")
-    refused = cli("train", *SMALL_RUN, "--epochs", 1, "--out", mine, check=False)
+    refused = cli_here("train", *SMALL_RUN, "--epochs", 1, "--out", mine, check=False)
     assert refused.returncode == 2 and "is not a run directory" in refused.stderr
     assert sorted(path.name for path in mine.iterdir()) == ["thesis.tex"]
 
@@ -295,13 +298,13 @@ def test_averaged_checkpoints_make_a_new_run_that_holds_their_mean(tmp_path):
     import numpy as np
 
     run = tmp_path / "run"
-    cli("train", *SMALL_RUN, "--epochs", 4, "--keep-checkpoints", 3, "--out", run)
+    cli_here("train", *SMALL_RUN, "--epochs", 4, "--keep-checkpoints", 3, "--out", run)
     kept = sorted(path.name for path in (run / "checkpoints").glob("epoch-*"))
     assert kept == ["epoch-002.weights.h5", "epoch-003.weights.h5", "epoch-004.weights.h5"]
     model_bytes = (run / "model.keras").read_bytes()
 
     averaged = tmp_path / "averaged"
-    result = cli("average-checkpoints", run, "--out", averaged, "--last", 2)
+    result = cli_here("average-checkpoints", run, "--out", averaged, "--last", 2)
     assert "epochs 3, 4" in result.stdout
     assert json.loads((averaged / "metrics.json").read_text())["averaged"]["epochs"] == [3, 4]
     # The new run's model holds the element-wise mean of the two files, weight by weight.
@@ -320,7 +323,7 @@ def test_averaged_checkpoints_make_a_new_run_that_holds_their_mean(tmp_path):
     for name, value in got.items():
         np.testing.assert_allclose(value, (mean_of[0][name] + mean_of[1][name]) / 2, rtol=1e-6, atol=1e-7)
     # It is a run like any other, and the run it came from is as it was.
-    assert cli("translate", averaged, "der hund sieht eine katze .", "--beam-size", 1).stdout.strip()
+    assert cli_here("translate", averaged, "der hund sieht eine katze .", "--beam-size", 1).stdout.strip()
     assert (run / "model.keras").read_bytes() == model_bytes
 
     # What cannot be done is refused in one line, and nothing is written.
@@ -330,7 +333,7 @@ def test_averaged_checkpoints_make_a_new_run_that_holds_their_mean(tmp_path):
         "kept no epoch checkpoints": ("average-checkpoints", averaged, "--out", tmp_path / "again"),
     }
     for reason, arguments in refusals.items():
-        refused = cli(*arguments, check=False)
+        refused = cli_here(*arguments, check=False)
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
         (line,) = [line for line in refused.stderr.splitlines() if line.startswith("keras-transformer:")]
         assert reason in line
