@@ -120,7 +120,7 @@ def test_a_wrong_corpus_to_also_train_on_is_refused_before_the_run_starts():
 
 @pytest.mark.slow
 def test_the_train_classifier_command(tmp_path):
-    from helpers import cli
+    from helpers import cli_here as cli  # in this process; test_cli.py proves the console script
 
     write_reviews(tmp_path / "reviews.csv", 300, seed=2)
     run = tmp_path / "run"

@@ -1,4 +1,9 @@
-"""`keras-transformer` end to end, as a user runs it: real subprocesses, real run directories."""
+"""`keras-transformer` end to end, as a user runs it: real run directories, and the installed command.
+
+Most commands run through the CLI's entry function in this process (`cli_here`);
+a new process where the process is the point: `--help` without TensorFlow, the
+installed console script's quiet start, the examples' first lines.
+"""
 
 import json
 import os
@@ -8,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TINY_MODEL, check_run_directory, cli, run
+from helpers import TINY_MODEL, check_run_directory, cli_here, run
 from keras_transformer import data
 
 
@@ -16,7 +21,7 @@ from keras_transformer import data
 @pytest.mark.skipif(not (data.multi30k_directory() / "train.de").exists(), reason="../shared/data/multi30k is not present")
 def test_train_on_a_slice_of_multi30k(tmp_path):
     run = tmp_path / "multi30k"
-    cli(
+    cli_here(
         "train", "--dataset", "multi30k", "--out", run, "--epochs", 1, "--steps-per-epoch", 4,
         "--limit-train", 1500, "--limit-val", 30, "--vocab-size", 2000, "--tokens-per-batch", 2048,
         *TINY_MODEL, "--no-evaluate",
@@ -26,7 +31,7 @@ def test_train_on_a_slice_of_multi30k(tmp_path):
     assert config["data"]["dataset"] == "multi30k" and config["data"]["direction"] == "de-en"
     source_vocab = (run / "vocab" / "source" / "vocab.txt").read_text(encoding="utf-8")
     assert "ä" in source_vocab or "ü" in source_vocab  # German on the source side
-    scores = json.loads(cli("evaluate", run, "--beam-size", 1).stdout.strip().splitlines()[-1])
+    scores = json.loads(cli_here("evaluate", run, "--beam-size", 1).stdout.strip().splitlines()[-1])
     assert 0.0 <= scores["bleu"] <= 100.0
 
 
@@ -36,21 +41,21 @@ def test_bad_input_gives_a_clear_error_and_exit_code(tmp_path):
     target = tmp_path / "train.en"
     source.write_text("Ein Hund.\nZwei Katzen.\n", encoding="utf-8")
     target.write_text("A dog.\n", encoding="utf-8")
-    result = cli("train", "--dataset", "files", "--train-source", source, "--train-target", target,
+    result = cli_here("train", "--dataset", "files", "--train-source", source, "--train-target", target,
                  "--out", tmp_path / "run", check=False)
     assert result.returncode == 2
     assert "train.de has 2 lines" in result.stderr and "train.en has 1" in result.stderr
     assert "Traceback" not in result.stderr
 
-    missing = cli("evaluate", tmp_path / "nowhere", check=False)
+    missing = cli_here("evaluate", tmp_path / "nowhere", check=False)
     assert missing.returncode == 2 and "not a run directory" in missing.stderr
 
-    no_files = cli("train", "--dataset", "files", "--out", tmp_path / "run2", check=False)
+    no_files = cli_here("train", "--dataset", "files", "--out", tmp_path / "run2", check=False)
     assert no_files.returncode == 2 and "--train-tsv" in no_files.stderr
 
 
 def test_help_lists_the_commands():
-    result = cli("--help")
+    result = cli_here("--help")
     for command in ("train", "evaluate", "translate", "export", "plot-attention", "train-classifier"):
         assert command in result.stdout
 

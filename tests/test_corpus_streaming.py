@@ -8,7 +8,7 @@ import os
 import pytest
 import tensorflow as tf
 
-from helpers import TINY_MODEL, cli
+from helpers import TINY_MODEL, cli_here
 from keras_transformer import data
 from keras_transformer.data import streaming, token_shards
 from keras_transformer.text import WordPieceTokenizer
@@ -220,7 +220,8 @@ def test_train_on_gzipped_shards_skips_bad_lines_in_one_line_and_a_rerun_reads_t
               "--train-target", str(tmp_path / "train.*.de.gz"), "--out", str(run), "--vocab-size", "60",
               "--max-length", "12", "--batch-size", "4", *TINY_MODEL, "--attention-samples", "0",
               "--bleu-samples", "0", "--vocab-sample", "20"]
-    first = cli("train", *common, "--epochs", "1")
+    # In this process: its log lines come on the command's stderr as in a new one.
+    first = cli_here("train", *common, "--epochs", "1")
     report = [line for line in first.stderr.splitlines() if "lines skipped" in line]
     assert len(report) == 1 and "2 with an empty side, 1 not UTF-8" in report[0], first.stderr[-2000:]
     assert "tokenised" in first.stderr
@@ -229,7 +230,7 @@ def test_train_on_gzipped_shards_skips_bad_lines_in_one_line_and_a_rerun_reads_t
     # One line in 50 of the first 50,000 validates (no validation files given): line 0 of these 27.
     assert metrics["training"]["train_pairs"] == len(SOURCES) - 1
     manifest = (run / "tokens" / "train" / "manifest.json").stat().st_mtime
-    second = cli("train", *common, "--epochs", "2")
+    second = cli_here("train", *common, "--epochs", "2")
     assert "tokenised" not in second.stderr and "vocabulary sample" not in second.stderr
     assert (run / "tokens" / "train" / "manifest.json").stat().st_mtime == manifest
     assert json.loads((run / "metrics.json").read_text())["training"]["epochs_done"] == 2

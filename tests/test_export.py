@@ -80,7 +80,8 @@ def test_train_evaluate_translate_on_the_demo_corpus(trained_demo_run, tmp_path)
     check_run_directory(trained_run)
     metrics = json.loads((trained_run / "metrics.json").read_text())
     assert metrics["training"]["replicas"] == 2
-    assert metrics["val"]["sentences"] == 40 and "bleu" in metrics["val"]
+    assert metrics["val"]["sentences"] == 40
+    assert metrics["val"]["bleu"] > 10, "100 steps teach the demo grammar's commonest words (an untrained model: ~0)"
     # `train` adds the AttentionMapLogger: attention maps of validation samples in TensorBoard.
     assert list((trained_run / "logs" / "samples").glob("events.out.tfevents.*"))
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import ENV, TINY_MODEL, assert_same_weights, cli
+from helpers import ENV, TINY_MODEL, assert_same_weights, cli_here
 from keras_transformer.runs.run_dir import RUN_FILES
 from keras_transformer.training.distribution import local_cluster
 
@@ -154,7 +154,7 @@ def test_a_killed_or_preempted_worker_costs_at_most_n_steps_and_the_chief_alone_
     run = tmp_path / "run"
     command = [
         Path(sys.executable).with_name("keras-transformer"), "train", "--dataset", "demo", "--out", run,
-        "--strategy", "multi-worker", "--epochs", 3, "--steps-per-epoch", 60, "--limit-train", 600,
+        "--strategy", "multi-worker", "--epochs", 3, "--steps-per-epoch", 30, "--limit-train", 600,
         "--limit-val", 16, "--vocab-size", 300, *TINY_MODEL, "--max-length", 24, "--tokens-per-batch", 512,
         "--bleu-samples", 4, "--attention-samples", 1, "--no-evaluate",
         # Generous: a restarted worker's TensorFlow may take long to start on a busy machine.
@@ -197,6 +197,6 @@ def test_a_killed_or_preempted_worker_costs_at_most_n_steps_and_the_chief_alone_
     assert set(os.listdir(run)) <= set(RUN_FILES)
     for stopped in ("restarted", "again"):
         assert list((tmp_path / stopped / "tmp-worker-1").iterdir()) == [], "the worker removes its private copy"
-    assert cli("translate", run, "The dog sleeps.").stdout.strip()
-    cli("export", run, tmp_path / "export")
+    assert cli_here("translate", run, "The dog sleeps.").stdout.strip()
+    cli_here("export", run, tmp_path / "export")
     assert (tmp_path / "export" / "1" / "saved_model.pb").is_file()

@@ -252,31 +252,3 @@ def test_one_fit_step_under_mirrored_strategy(batch, mirrored_strategy):
     reference = kt.models.Transformer(**SMALL)
     reference((source, target[:, :-1]))
     assert all(not np.allclose(a, b) for a, b in zip(model.get_weights(), reference.get_weights()))
-
-
-@pytest.mark.slow
-@pytest.mark.trains
-def test_learns_to_reverse_sequences():
-    """A small Transformer learns to reverse random sequences with model.fit."""
-    rng = np.random.default_rng(0)
-    vocab, length, start = 12, 8, 1  # ids 2..11 are symbols, 1 is the start token
-    def make(count):
-        sequences = rng.integers(2, vocab, size=(count, length)).astype("int32")
-        targets = sequences[:, ::-1]
-        decoder_inputs = np.concatenate([np.full((count, 1), start, "int32"), targets[:, :-1]], axis=1)
-        return (sequences, decoder_inputs), targets
-    train_inputs, train_targets = make(6000)
-    test_inputs, test_targets = make(500)
-    model = kt.models.Transformer(
-        src_vocab_size=vocab, tgt_vocab_size=vocab, num_layers=1, d_model=64, num_heads=4, d_ff=128,
-        max_length=length, dropout=0.0,
-    )
-    model.compile(
-        optimizer=keras.optimizers.Adam(2e-3),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["sparse_categorical_accuracy"],
-    )
-    model.fit(train_inputs, train_targets, batch_size=64, epochs=3, verbose=0)
-    predictions = ops.convert_to_numpy(model(test_inputs)).argmax(-1)
-    accuracy = np.mean(predictions == test_targets)
-    assert accuracy > 0.95, accuracy
