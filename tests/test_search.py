@@ -41,10 +41,12 @@ def model():
     # Raise the [END] logit until some sentences of a batch end with [END] and
     # others run to their length limit: both ways of finishing get exercised.
     bias = model.output_projection.bias.numpy()
+    # Traced once: each call reads the bias variable as it now is.
+    search = tf.function(lambda ids: transformer_search(model, ids, START, END, max_extra_length=3))
     for end_bias in np.arange(0.0, 3.0, 0.05):
         bias[END] = end_bias
         model.output_projection.bias.assign(bias)
-        tokens, _ = transformer_search(model, sources(1), START, END, max_extra_length=3)
+        tokens, _ = search(sources(1))
         ended = [END in row for row in tokens.numpy()]
         if any(ended) and not all(ended):
             return model
@@ -60,12 +62,13 @@ def cache_room(request, monkeypatch):
 
 
 def test_cached_greedy_equals_greedy_recomputing_the_prefix(model, cache_room):
+    # Traced once each: the three batches have one shape.
+    cached_search = tf.function(lambda x: transformer_search(model, x, START, END, max_extra_length=6))
+    plain_search = tf.function(lambda x: transformer_search(model, x, START, END, max_extra_length=6, use_cache=False))
     for seed in range(3):
         ids = sources(seed)
-        cached_tokens, cached_scores = tf.function(
-            lambda x: transformer_search(model, x, START, END, max_extra_length=6))(ids)
-        plain_tokens, plain_scores = tf.function(
-            lambda x: transformer_search(model, x, START, END, max_extra_length=6, use_cache=False))(ids)
+        cached_tokens, cached_scores = cached_search(ids)
+        plain_tokens, plain_scores = plain_search(ids)
         np.testing.assert_array_equal(cached_tokens.numpy(), plain_tokens.numpy())
         np.testing.assert_allclose(cached_scores.numpy(), plain_scores.numpy(), atol=1e-5)
 
@@ -113,11 +116,12 @@ def test_beam_of_one_is_greedy(model):
 
 @pytest.mark.parametrize("beam_size", [2, 4])
 def test_beam_search_never_scores_worse_than_greedy(model, beam_size):
+    greedy_search_ = tf.function(lambda x: transformer_search(model, x, START, END, max_extra_length=6))
+    beam_search_ = tf.function(lambda x: transformer_search(model, x, START, END, beam_size=beam_size, max_extra_length=6))
     for seed in range(3):
         ids = sources(10 + seed)
-        greedy_tokens, _ = transformer_search(model, ids, START, END, max_extra_length=6)
-        beam_tokens, beam_scores = tf.function(
-            lambda x: transformer_search(model, x, START, END, beam_size=beam_size, max_extra_length=6))(ids)
+        greedy_tokens, _ = greedy_search_(ids)
+        beam_tokens, beam_scores = beam_search_(ids)
         # Scores recomputed from scratch with a teacher-forced pass.
         greedy_model_scores = score_sequences(model, ids, greedy_tokens, START).numpy()
         beam_model_scores = score_sequences(model, ids, beam_tokens, START).numpy()
