@@ -74,6 +74,7 @@ def outputs_on(backend, models_dir, out):
     return dict(np.load(out))
 
 
+@pytest.mark.slow
 @pytest.mark.tensorflow  # TensorFlow is the reference the others are compared with
 @pytest.mark.parametrize("backend", OTHER_BACKENDS)
 def test_the_same_weights_give_the_same_outputs_on_every_backend(reference, backend, tmp_path):

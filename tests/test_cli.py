@@ -189,6 +189,7 @@ def test_an_unknown_option_among_the_texts_is_still_refused(capsys):
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
+@pytest.mark.slow
 def test_the_examples_start_without_tensorflows_start_up_lines():
     # Each example that imports the package, as a user starts it (no TF_CPP_MIN_LOG_LEVEL): what it
     # prints first is its own. The three start side by side; each imports TensorFlow.

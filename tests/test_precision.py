@@ -71,6 +71,7 @@ def train_in(precision, strategy, epochs=4):
     return model, history.history["loss"]
 
 
+@pytest.mark.slow
 def test_mixed_float16_follows_the_mixed_bfloat16_loss_curve(mirrored_strategy):
     model, float16_losses = train_in("mixed_float16", mirrored_strategy)
     # Keras wraps our fused Adam in dynamic loss scaling.
