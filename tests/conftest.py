@@ -29,7 +29,18 @@ if ON_TENSORFLOW:
     )
 
 
+# The files that take longest, heaviest first (docs/tests.md has the durations): started
+# first, so that the two xdist workers (one file at a time each) finish together.
+LONGEST_FILES = ("test_multi_worker.py", "test_export.py", "test_search.py", "test_run_directory.py",
+                 "test_language_model_export.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    def heaviest_first(item):
+        name = Path(str(item.fspath)).name
+        return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
+
+    items.sort(key=heaviest_first)  # stable: each file's tests keep their order
     if ON_TENSORFLOW:
         return
     skip = pytest.mark.skip(reason=f"TensorFlow by nature; this run uses the {keras.backend.backend()} backend")
@@ -98,7 +109,7 @@ def built_once(tmp_path_factory, name, build):
 
 @pytest.fixture(scope="session")
 def trained_demo_run(tmp_path_factory):
-    """A small translator trained by `keras-transformer train` on the demo corpus, once per session.
+    """A small translator trained by the `train` command on the demo corpus, once per session.
 
     Two replicas under MirroredStrategy, float32; a minute of training is enough for
     translations that differ from sentence to sentence. Shared by the CLI,
@@ -107,9 +118,11 @@ def trained_demo_run(tmp_path_factory):
     """
 
     def train(directory):
-        from helpers import cli
+        from helpers import cli_here
 
-        result = cli(
+        # In this process: --cpu-replicas 2 finds the CPU already split (above), and the command
+        # shares the session's MirroredStrategy.
+        result = cli_here(
             "train", "--dataset", "demo", "--out", directory / "demo", "--epochs", 1, "--steps-per-epoch", 100,
             "--warmup-steps", 100, "--limit-train", 3000, "--limit-val", 40, "--cpu-replicas", 2,
             "--strategy", "mirrored", "--num-layers", 2, "--d-model", 64, "--num-heads", 2, "--d-ff", 128,

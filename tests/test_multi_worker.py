@@ -154,12 +154,12 @@ def test_a_killed_or_preempted_worker_costs_at_most_n_steps_and_the_chief_alone_
     run = tmp_path / "run"
     command = [
         Path(sys.executable).with_name("keras-transformer"), "train", "--dataset", "demo", "--out", run,
-        "--strategy", "multi-worker", "--epochs", 3, "--steps-per-epoch", 30, "--limit-train", 600,
+        "--strategy", "multi-worker", "--epochs", 2, "--steps-per-epoch", 30, "--limit-train", 600,
         "--limit-val", 16, "--vocab-size", 300, *TINY_MODEL, "--max-length", 24, "--tokens-per-batch", 512,
         "--bleu-samples", 4, "--attention-samples", 1, "--no-evaluate",
         # Generous: a restarted worker's TensorFlow may take long to start on a busy machine.
         "--cluster-timeout", 45,
-        "--save-every-steps", 10,
+        "--save-every-steps", 5,
     ]
     # kill -9 of a worker in the middle of the second epoch, after a backup there.
     processes = start_workers(command, cluster_environments(2, tmp_path))
@@ -188,9 +188,9 @@ def test_a_killed_or_preempted_worker_costs_at_most_n_steps_and_the_chief_alone_
     chief, worker = run_workers([command, command], cluster_environments(2, tmp_path / "again"))
     assert chief.returncode == 0 and worker.returncode == 0, chief.stderr[-3000:] + worker.stderr[-3000:]
     history = (run / "history.csv").read_text().splitlines()
-    assert [row.split(",")[0] for row in history[1:]] == ["0", "1", "2"], history
+    assert [row.split(",")[0] for row in history[1:]] == ["0", "1"], history
     metrics = json.loads((run / "metrics.json").read_text())
-    assert metrics["training"]["epochs_done"] == 3 and metrics["training"]["replicas"] == 2
+    assert metrics["training"]["epochs_done"] == 2 and metrics["training"]["replicas"] == 2
 
     # One writer: the chief's run directory, the worker's private copy gone; and the run is usable.
     assert f"run directory: {run}" in chief.stdout and "the chief worker wrote" in worker.stdout
