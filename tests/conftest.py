@@ -29,18 +29,7 @@ if ON_TENSORFLOW:
     )
 
 
-# The files that take longest, heaviest first (docs/tests.md has the durations): started
-# first, so that the two xdist workers (one file at a time each) finish together.
-LONGEST_FILES = ("test_multi_worker.py", "test_export.py", "test_search.py", "test_run_directory.py",
-                 "test_language_model_export.py")
-
-
 def pytest_collection_modifyitems(config, items):
-    def heaviest_first(item):
-        name = Path(str(item.fspath)).name
-        return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
-
-    items.sort(key=heaviest_first)  # stable: each file's tests keep their order
     if ON_TENSORFLOW:
         return
     skip = pytest.mark.skip(reason=f"TensorFlow by nature; this run uses the {keras.backend.backend()} backend")
@@ -126,6 +115,8 @@ def trained_demo_run(tmp_path_factory):
             "train", "--dataset", "demo", "--out", directory / "demo", "--epochs", 1, "--steps-per-epoch", 100,
             "--warmup-steps", 100, "--limit-train", 3000, "--limit-val", 40, "--cpu-replicas", 2,
             "--strategy", "mirrored", "--num-layers", 2, "--d-model", 64, "--num-heads", 2, "--d-ff", 128,
+            # One sample's attention maps: drawing each sample's heatmaps at the end takes seconds.
+            "--attention-samples", 1,
             # float32 on every CPU: CTranslate2 (float32 on a CPU) must translate exactly as it does.
             "--precision", "float32",
         )
