@@ -1,7 +1,7 @@
 """The trained demo run as a user meets it: the CLI on it, then its export served.
 
-The CLI test and the export tests share one trained run (`trained_demo_run`),
-so they live in one file: `make test` runs a file's tests in one process.
+The CLI test and the export tests share one trained run (`trained_demo_run`,
+trained once per suite) and one export of it (session fixtures).
 
 The SavedModel export is proved the way TensorFlow Serving would use it.
 
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import EXPORT_OPS, check_run_directory, cli, cli_here, malformed_requests, run
+from helpers import EXPORT_OPS, check_run_directory, cli_here, malformed_requests, run
 from keras_transformer.runs import translation
 from keras_transformer.export import export_translator, resolve_export
 
