@@ -73,10 +73,17 @@ def run(command, input=None, check=True, timeout=600):
 def malformed_requests(version, seed, count, report_path):
     """Run `malformed_requests.py` on an export version in a fresh process; its answers, or a failure naming the request that killed it."""
     script = Path(__file__).with_name("malformed_requests.py")
-    result = run([sys.executable, script, version, seed, count, report_path], check=False)
+    assert_it_lived(run([sys.executable, script, version, seed, count, report_path], check=False))
+    return json.loads(Path(report_path).read_text())
+
+
+def assert_it_lived(result):
+    """A process that took the malformed requests ended well, or a failure naming the request that killed it.
+
+    `malformed_requests.py` prints each request before sending it.
+    """
     last_request = (result.stdout.strip().splitlines() or ["none"])[-1]
     assert result.returncode == 0, f"the process died (exit {result.returncode}) on {last_request}\n{result.stderr[-2000:]}"
-    return json.loads(Path(report_path).read_text())
 
 
 def check_run_directory(run):

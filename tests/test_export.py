@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import EXPORT_OPS, check_run_directory, cli_here, malformed_requests, run
+from helpers import EXPORT_OPS, assert_it_lived, check_run_directory, cli_here, run
 from keras_transformer.runs import translation
 from keras_transformer.export import export_translator, resolve_export
 
@@ -43,7 +43,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  registers the WordPiece ops, as tensorflow_model_server does
 
-export_dir, keras_export_dir, sentences_json, out_path = sys.argv[1:5]
+export_dir, keras_export_dir, sentences_json, out_path, report_path, tests_dir = sys.argv[1:7]
 texts = tf.constant([base64.b64decode(text) for text in json.loads(sentences_json)], tf.string)
 
 """ + EXPORT_OPS + r"""
@@ -69,6 +69,12 @@ np.savez(
     source_ids=source_ids, target_ids=target_ids,
     **export_facts(),
 )
+
+# Then the requests a careless client or an attacker sends, in the same process: one start for both proofs.
+sys.path.insert(0, tests_dir)
+import malformed_requests  # noqa: E402  (TensorFlow, tensorflow-text and NumPy only)
+
+malformed_requests.main(export_dir, 0, 300, report_path)
 """
 
 
@@ -135,10 +141,17 @@ def in_process(trained_demo_run):
     return translator, translator(texts), translator.translate_with_attention(texts)
 
 
-@pytest.mark.slow
-def test_a_fresh_process_with_only_tensorflow_serves_the_same_translations(export_base, in_process, tmp_path):
-    translator, expected, expected_attention = in_process
-    keras_export = tmp_path / "keras_export"
+@pytest.fixture(scope="session")
+def served(export_base, in_process, tmp_path_factory):
+    """One fresh process on the export, importing only TensorFlow and tensorflow-text, as a server does.
+
+    It answers the test sentences (and Keras' own export of the bare model its
+    ids), then takes the malformed-request fuzz of `malformed_requests.py`.
+    Returns its answers (`.npz`) and the fuzz's report.
+    """
+    translator, _, _ = in_process
+    directory = tmp_path_factory.mktemp("served")
+    keras_export = directory / "keras_export"
     # Keras' own export of the bare model: ids in, logits out.
     translator.model.export(
         str(keras_export),
@@ -149,9 +162,17 @@ def test_a_fresh_process_with_only_tensorflow_serves_the_same_translations(expor
     encoded = json.dumps(
         [base64.b64encode(text if isinstance(text, bytes) else text.encode()).decode() for text in SENTENCES]
     )
-    out = tmp_path / "served.npz"
-    run([sys.executable, "-c", FRESH_PROCESS, export_base / "1", keras_export, encoded, out])
-    served = np.load(out, allow_pickle=True)  # byte strings come as object arrays
+    out, report = directory / "served.npz", directory / "report.json"
+    result = run([sys.executable, "-c", FRESH_PROCESS, export_base / "1", keras_export, encoded, out, report,
+                  Path(__file__).parent], check=False)
+    assert_it_lived(result)
+    return np.load(out, allow_pickle=True), json.loads(report.read_text())  # byte strings come as object arrays
+
+
+@pytest.mark.slow
+def test_a_fresh_process_with_only_tensorflow_serves_the_same_translations(served, in_process):
+    translator, expected, expected_attention = in_process
+    served, _ = served
 
     assert list(served["modules"]) == [], "the fresh process must not need keras_transformer"
     assert list(served["unregistered"]) == [], "ops that TensorFlow + tensorflow-text do not register"
@@ -274,15 +295,14 @@ def test_versions_are_numbered_and_never_overwritten(tmp_path):
 
 
 @pytest.mark.slow
-def test_malformed_requests_are_refused_and_the_serving_process_lives(export_base, tmp_path):
+def test_malformed_requests_are_refused_and_the_serving_process_lives(served):
     """Wrong ranks, mismatched batches and a few hundred random tensors, in a process that must survive.
 
     Before the signatures checked their inputs, a scalar string crashed the process (SIGSEGV in
     the WordPiece kernel), a `[1, 0]` tensor aborted it, and `[2, 2]` or mismatched id batches
     came back as wrong answers.
     """
-    report_path = tmp_path / "report.json"
-    report = malformed_requests(export_base / "1", 0, 300, report_path)
+    _, report = served  # the fuzz ran in the fresh process of `served`, after its translations
 
     named = [answer for answer in report if not answer["request"].startswith("random")]
     assert len(named) == 2 * 13

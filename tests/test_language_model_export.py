@@ -19,7 +19,7 @@ import pytest
 import tensorflow as tf
 
 import keras_transformer as kt
-from helpers import EXPORT_OPS, malformed_requests, run
+from helpers import EXPORT_OPS, assert_it_lived, run
 from keras_transformer.data import demo_corpus
 from keras_transformer.export import export_language_model, load_export
 from keras_transformer.inference import Generator
@@ -63,7 +63,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  registers the WordPiece ops, as tensorflow_model_server does
 
-export_dir, prompts_json, settings_json, good_json, refused_json, out_path = sys.argv[1:7]
+export_dir, prompts_json, settings_json, good_json, refused_json, out_path, report_path, tests_dir = sys.argv[1:9]
 """ + EXPORT_OPS + r"""
 DTYPES = {"seed": tf.int64, "temperature": tf.float32, "top_k": tf.int32, "top_p": tf.float32,
           "max_new_tokens": tf.int32}
@@ -97,6 +97,12 @@ np.savez(
     refusals=np.array(json.dumps(refusals)),
     **export_facts(),
 )
+
+# Then the requests a careless client or an attacker sends, in the same process: one start for both proofs.
+sys.path.insert(0, tests_dir)
+import malformed_requests  # noqa: E402  (TensorFlow, tensorflow-text and NumPy only)
+
+malformed_requests.main(export_dir, 2, 100, report_path)
 """
 
 
@@ -122,14 +128,27 @@ def in_process(generator, **settings):
     return {name: value.numpy() for name, value in outputs.items()}
 
 
-@pytest.mark.slow
-def test_a_fresh_process_with_only_tensorflow_writes_what_the_generator_writes(exported, tmp_path):
-    generator, version = exported
-    out = tmp_path / "served.npz"
+@pytest.fixture(scope="module")
+def served(exported, tmp_path_factory):
+    """One fresh process on the export, importing only TensorFlow and tensorflow-text, as a server does.
+
+    It writes the texts of each setting, answers the refused requests, then
+    takes the malformed-request fuzz of `malformed_requests.py`. Returns its
+    answers (`.npz`) and the fuzz's report.
+    """
+    _, version = exported
+    directory = tmp_path_factory.mktemp("served")
+    out, report = directory / "served.npz", directory / "report.json"
     encoded = json.dumps([base64.b64encode(p if isinstance(p, bytes) else p.encode()).decode() for p in PROMPTS])
-    run([sys.executable, "-c", FRESH_PROCESS, version, encoded, json.dumps(SETTINGS), json.dumps(GOOD),
-         json.dumps(REFUSED), out])
-    served = np.load(out, allow_pickle=True)
+    assert_it_lived(run([sys.executable, "-c", FRESH_PROCESS, version, encoded, json.dumps(SETTINGS), json.dumps(GOOD),
+                         json.dumps(REFUSED), out, report, Path(__file__).parent], check=False))
+    return np.load(out, allow_pickle=True), json.loads(report.read_text())
+
+
+@pytest.mark.slow
+def test_a_fresh_process_with_only_tensorflow_writes_what_the_generator_writes(exported, served):
+    generator, _ = exported
+    served, _ = served
     assert list(served["modules"]) == [], "the fresh process must not need keras_transformer"
     assert list(served["unregistered"]) == [], "ops that TensorFlow + tensorflow-text do not register"
     assert not {"PyFunc", "EagerPyFunc", "PyFuncStateless"} & set(served["op_types"])
@@ -161,10 +180,9 @@ def test_a_fresh_process_with_only_tensorflow_writes_what_the_generator_writes(e
 
 
 @pytest.mark.slow
-def test_malformed_and_random_requests_through_both_loaders(exported, tmp_path):
+def test_malformed_and_random_requests_through_both_loaders(served):
     """The translator's fuzzing script on both signatures, through the TF2 and the Session loaders."""
-    _, version = exported
-    report = malformed_requests(version, 2, 100, tmp_path / "report.json")
+    _, report = served  # the fuzz ran in the fresh process of `served`, after its texts
     assert {answer["signature"] for answer in report} == {"serving_default", "generate"}
     named = [answer for answer in report if not answer["request"].startswith("random")]
     assert named and all(answer["answer"] == "InvalidArgumentError" for answer in named), named
