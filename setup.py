@@ -22,6 +22,8 @@ setup(
         "numpy",
         "sacrebleu>=2.4",
         "matplotlib",
+        # Pretrained checkpoints' weights, read as NumPy arrays (no PyTorch needed).
+        "safetensors",
     ],
     extras_require={
         # The gRPC client of examples/serving_client.py.

@@ -13,6 +13,7 @@
     keras-transformer export runs/sst2 exports/sentiment
     keras-transformer pretrain --dataset sst2 --out runs/sst2-mlm          # masked language modelling
     keras-transformer train-classifier --dataset sst2 --init-from runs/sst2-mlm --out runs/sst2-pretrained
+    keras-transformer import-hf opus-mt-en-de/ runs/opus-mt-en-de      # a pretrained Hugging Face checkpoint
 
 This module parses and prints; `keras_transformer.runs` does the work. The
 parser is built from the options table (`runs/options.py`) without
@@ -202,6 +203,16 @@ def build_parser():
     plot.add_argument("--seed", type=int, help="language model: the sampling seed (default 0)")
     plot.set_defaults(handler=_plot_attention)
 
+    imported = commands.add_parser(
+        "import-hf", help="a pretrained Hugging Face translation checkpoint (OPUS-MT) as a run directory"
+    )
+    imported.add_argument("checkpoint_dir", help="a directory as Hugging Face saves a checkpoint (config.json, "
+                          "model.safetensors or pytorch_model.bin, the tokenizer files)")
+    imported.add_argument("run_dir", help="the new run directory (must not exist yet)")
+    imported.add_argument("--target-lang", metavar="CODE", help="a multilingual model's target language: its "
+                          ">>CODE<< token goes before every source text")
+    imported.set_defaults(handler=_import_hf)
+
     average = commands.add_parser(
         "average-checkpoints",
         help="a new run whose model averages a run's last epoch checkpoints (trained with --keep-checkpoints N)",
@@ -256,6 +267,18 @@ def _train(arguments):
         _report_translation(*translation.evaluate(arguments.out, "val"))
     print(f"\nrun directory: {arguments.out}")
     print(f"TensorBoard:   tensorboard --logdir {arguments.out}/logs")
+
+
+def _import_hf(arguments):
+    from keras_transformer.runs import translation
+
+    config = translation.import_checkpoint(arguments.checkpoint_dir, arguments.run_dir, arguments.target_lang)
+    model, decoding = config["model"], config["evaluation"]
+    print(f"imported {arguments.checkpoint_dir} into {arguments.run_dir}: {model['num_layers']} + "
+          f"{model['num_layers']} layers, d_model {model['d_model']}, beam {decoding['beam_size']}, "
+          f"at most {decoding['max_output_length']} tokens out")
+    print(f"try it:        keras-transformer translate {arguments.run_dir} \"...\"")
+    print(f"fine-tune it:  keras-transformer train --init-from {arguments.run_dir} --dataset files ... --out ...")
 
 
 def _train_classifier(arguments):

@@ -57,6 +57,11 @@ def check_convertible(model):
     """A ValueError naming what of `model` CTranslate2 cannot run (nothing: it converts)."""
     if model.activation not in _ACTIVATIONS:
         raise ValueError(f"CTranslate2 has no {model.activation!r} activation; it runs {sorted(_ACTIVATIONS)}")
+    if model.position not in ("sinusoidal", "learned"):
+        raise ValueError(
+            f"this export writes our own models' positions, not {model.position!r} ones: for an imported "
+            "checkpoint, use CTranslate2's own converter on the checkpoint (ct2-transformers-converter --model DIR)"
+        )
     local = [name for name in ("sliding_window", "cross_attention_window") if getattr(model, name) is not None]
     if local:
         raise ValueError(f"CTranslate2 cannot run local attention ({', '.join(local)}); export a SavedModel instead")

@@ -115,6 +115,9 @@ class TranslationService:
         """
         root = tf.Module(name="translation_service")
         root.model_variables = [variable.value for variable in self.translator.model.variables]
+        # A checkpoint's SentencePiece tokenizers hold resources (the model, the piece table) that the
+        # export must carry; our WordPiece tokenizers hold constants only.
+        root.tokenizers = [self.translator.source_tokenizer, self.translator.target_tokenizer]
         root.serve = self.serve
         root.translate_with_attention = self.translate_with_attention
         root.score_tokens = self.score_tokens
@@ -144,6 +147,7 @@ def _settings(translator):
     return {
         "beam_size": translator.beam_size,
         "length_alpha": translator.length_alpha,
+        "length_penalty_kind": translator.length_penalty_kind,
         "max_extra_length": translator.max_extra_length,
         "max_output_length": translator.max_output_length,
         "max_source_length": model.max_length,

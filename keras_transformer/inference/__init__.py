@@ -4,7 +4,15 @@ from keras_transformer.backends import require_tensorflow
 
 require_tensorflow("keras_transformer.inference", "its searches run the model inside tf.while_loop")
 
-from keras_transformer.inference.search import beam_search, greedy_search, higher_scoring, length_penalty, num_steps
+from keras_transformer.inference.search import (
+    LENGTH_PENALTIES,
+    TokenRules,
+    beam_search,
+    greedy_search,
+    higher_scoring,
+    length_penalty,
+    num_steps,
+)
 from keras_transformer.inference.sampling import filter_logits, sample
 from keras_transformer.inference.steps import (
     language_model_prefill,
@@ -18,6 +26,8 @@ from keras_transformer.inference.generator import Generator
 from keras_transformer.inference.translator import Translator
 
 __all__ = [
+    "LENGTH_PENALTIES",
+    "TokenRules",
     "Generator",
     "Translator",
     "beam_search",

@@ -45,10 +45,15 @@ Everything is TensorFlow ops, so the searches run inside `tf.function` and in
 an exported SavedModel. Each sentence stops at [END] or at its own limit
 (`max_lengths`), so a sentence's output does not depend on what else is in
 the batch. Id 0 is padding: neither it nor [START] is ever generated.
+A pretrained checkpoint brings rules of its own for single tokens (`TokenRules`:
+the ids it never generates, a forced first token such as NLLB's target
+language, [END] forced at the length limit), as Hugging Face's logits
+processors apply them.
 
 Returned tokens exclude [START], include [END] when generated, and are
-padded with 0; scores are length-normalised log-probabilities (GNMT length
-penalty ((5 + length) / 6) ** alpha), the quantity beam search maximises.
+padded with 0; scores are length-normalised log-probabilities, the quantity
+beam search maximises: GNMT's length penalty ((5 + length) / 6) ** alpha, or
+Hugging Face's length ** alpha (`length_penalty_kind="hf"`).
 """
 
 import collections
@@ -57,11 +62,38 @@ import tensorflow as tf
 
 # Stands in for log(0): finite, so that arithmetic on it never makes NaN.
 NEG_INF = -1e9
+# The length penalties a score is divided by: GNMT's (the paper's setting) and Hugging Face's.
+GNMT, HF = "gnmt", "hf"
+LENGTH_PENALTIES = (GNMT, HF)
 
 
-def length_penalty(lengths, alpha):
-    """GNMT's lp(Y) = ((5 + |Y|) / 6) ** alpha."""
-    return tf.pow((5.0 + tf.cast(lengths, tf.float32)) / 6.0, alpha)
+def length_penalty(lengths, alpha, kind=GNMT):
+    """GNMT's lp(Y) = ((5 + |Y|) / 6) ** alpha, or with `kind="hf"` Hugging Face's |Y| ** alpha."""
+    lengths = tf.cast(lengths, tf.float32)
+    if kind == HF:
+        return tf.pow(lengths, alpha)
+    if kind != GNMT:
+        raise ValueError(f"length_penalty_kind must be one of {LENGTH_PENALTIES}, got {kind!r}")
+    return tf.pow((5.0 + lengths) / 6.0, alpha)
+
+
+class TokenRules(collections.namedtuple("TokenRules", ["never", "forced_first", "end_at_limit", "renormalize"])):
+    """Rules for single tokens, applied to every step's log-probabilities.
+
+    never: ids never generated (padding, and [START] for our own models;
+        a checkpoint's `bad_words_ids` of one token).
+    forced_first: the id every output starts with (NLLB's and M2M100's
+        target language, `forced_bos_token_id`), or None.
+    end_at_limit: [END] is forced at a sentence's last allowed position
+        (`forced_eos_token_id`), so that it counts in the length.
+    renormalize: the log-probabilities are normalised again after the rules
+        (`renormalize_logits`): the forbidden ids' share goes to the others.
+    """
+
+    @classmethod
+    def ours(cls, start_id):
+        """Our own models' rules: neither padding (0) nor [START] is ever generated."""
+        return cls(never=(0, start_id), forced_first=None, end_at_limit=False, renormalize=False)
 
 
 def num_steps(max_lengths):
@@ -89,19 +121,31 @@ def _loop_shapes(loop_vars, cache_position, cache_grows=True):
     return tuple(shapes)
 
 
-def _never_generate(log_probs, start_id):
-    """Give [PAD] (0) and [START] no chance (probabilities unchanged otherwise)."""
-    # The vocabulary size is static for a model's logits, so this mask is a
-    # constant once the graph is optimised.
+def _apply_rules(log_probs, rules, end_id, step, row_limits):
+    """`log_probs` with `rules` applied at output position `step` (`row_limits`: each row's sentence's limit)."""
+    # The vocabulary size is static for a model's logits, so these masks are
+    # constants once the graph is optimised.
     ids = tf.range(log_probs.shape[-1] or tf.shape(log_probs)[-1])
-    forbidden = (ids == 0) | (ids == tf.cast(start_id, tf.int32))
-    return tf.where(forbidden, tf.cast(NEG_INF, log_probs.dtype), log_probs)
+    forbidden = tf.reduce_any(ids[:, None] == tf.constant(list(rules.never), tf.int32)[None, :], axis=1)
+    log_probs = tf.where(forbidden, tf.cast(NEG_INF, log_probs.dtype), log_probs)
+    if rules.renormalize:
+        log_probs = tf.nn.log_softmax(log_probs)
+
+    def only(token_id, rows):  # rows choosing `token_id` for certain (log-probability 0)
+        forced = tf.where(ids == token_id, tf.constant(0.0, log_probs.dtype), tf.cast(NEG_INF, log_probs.dtype))
+        return tf.where(rows[:, None], forced[None, :], log_probs)
+
+    if rules.forced_first is not None:
+        log_probs = only(rules.forced_first, tf.fill([tf.shape(log_probs)[0]], step == 0))
+    if rules.end_at_limit:
+        log_probs = only(end_id, step + 1 >= row_limits)
+    return log_probs
 
 
-def _log_probs(step_fn, last, cache, step, context, start_id):
-    """One model step: log-probabilities of every next token, and the updated cache."""
+def _log_probs(step_fn, last, cache, step, context, rules, end_id, row_limits):
+    """One model step: log-probabilities of every next token under `rules`, and the updated cache."""
     logits, cache = step_fn(last, cache, step, context)
-    return _never_generate(tf.nn.log_softmax(logits), start_id), cache
+    return _apply_rules(tf.nn.log_softmax(logits), rules, end_id, step, row_limits), cache
 
 
 def write_column(buffer, column, values):
@@ -207,9 +251,9 @@ class _GreedyPath:
         )
 
     @staticmethod
-    def result(state, length_alpha):
+    def result(state, length_alpha, length_penalty_kind=GNMT):
         """`(tokens, length-normalised scores)`."""
-        return state.tokens, state.log_prob_sum / length_penalty(state.lengths, length_alpha)
+        return state.tokens, state.log_prob_sum / length_penalty(state.lengths, length_alpha, length_penalty_kind)
 
 
 def greedy_search(
@@ -222,6 +266,8 @@ def greedy_search(
     context=(),
     cache_batch_axis=0,
     drop_finished=True,
+    rules=None,
+    length_penalty_kind=GNMT,
 ):
     """Pick the most probable token at every step.
 
@@ -238,6 +284,8 @@ def greedy_search(
         drop_finished: drop a sentence's rows once it has finished (False:
             fixed shapes, for XLA; the same result, up to rounding where a
             kernel sums differently for another number of rows).
+        rules: the `TokenRules` (default: `TokenRules.ours(start_id)`).
+        length_penalty_kind: "gnmt" or "hf" (see `length_penalty`).
 
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`, `steps =
@@ -252,16 +300,17 @@ def greedy_search(
     batch = tf.shape(max_lengths)[0]
     steps = num_steps(max_lengths)
     greedy = _GreedyPath(end_id)
+    rules = rules or TokenRules.ours(start_id)
 
     def not_done(step, sentences, cache, context, last, state, results):
         return (step < steps) & ~tf.reduce_all(state.finished)
 
     def one_step(step, sentences, cache, context, last, state, results):
-        log_probs, cache = _log_probs(step_fn, last, cache, step, context, start_id)
+        log_probs, cache = _log_probs(step_fn, last, cache, step, context, rules, end_id, sentences.max_lengths)
         chosen, state = greedy.advance(state, log_probs, step, sentences.max_lengths)
         if drop_finished:
             results, (sentences, (chosen, state, context)), (cache,) = _drop_finished(
-                state.finished, sentences, lambda: greedy.result(state, length_alpha), results,
+                state.finished, sentences, lambda: greedy.result(state, length_alpha, length_penalty_kind), results,
                 (chosen, state, context), [(cache, cache_batch_axis)], rows_per_sentence=1)
         return step + 1, sentences, cache, context, chosen, state, results
 
@@ -278,7 +327,7 @@ def greedy_search(
         not_done, one_step, initial, shape_invariants=_loop_shapes(initial, 2)
     )
     # Without drop_finished every sentence is still here; with it, none is.
-    return _set_aside(results, sentences.places, greedy.result(state, length_alpha))
+    return _set_aside(results, sentences.places, greedy.result(state, length_alpha, length_penalty_kind))
 
 
 # -- beam search -----------------------------------------------------------------------
@@ -305,6 +354,9 @@ def beam_search(
     stop_early=True,
     keep_greedy=False,
     drop_finished=True,
+    rules=None,
+    length_penalty_kind=GNMT,
+    stop_when_beam_full=True,
 ):
     """Keep the `beam_size` most probable hypotheses at every step; return the best.
 
@@ -343,7 +395,11 @@ def beam_search(
             result, in more steps).
         keep_greedy: follow the greedy path too, and return it where it
             scores better.
-        drop_finished: as for `greedy_search`.
+        stop_when_beam_full: a sentence is done once `beam_size` of its
+            hypotheses have ended (False: it searches on while a live one can
+            still beat its best, as Hugging Face's search does, keeping the
+            best `beam_size` that ended).
+        drop_finished, rules, length_penalty_kind: as for `greedy_search`.
         Other arguments as `greedy_search`.
 
     Returns:
@@ -358,11 +414,15 @@ def beam_search(
     candidates_kept = 2 * beam_size  # enough that beam_size of them did not end
     within_beam = tf.range(candidates_kept)[None, :] < beam_size
     greedy = _GreedyPath(end_id) if keep_greedy else None
+    rules = rules or TokenRules.ours(start_id)
+
+    def penalty(lengths):
+        return length_penalty(lengths, length_alpha, length_penalty_kind)
 
     def found(search):
         """Each sentence's answer so far: its best final hypothesis, or its greedy path where that scores higher."""
         best = search.final[:, 0], search.final_scores[:, 0]  # top_k keeps them sorted
-        return higher_scoring(best, greedy.result(search.greedy, length_alpha)) if keep_greedy else best
+        return higher_scoring(best, greedy.result(search.greedy, length_alpha, length_penalty_kind)) if keep_greedy else best
 
     def not_done(step, sentences, cache, context, last, search, results):
         return (step < steps) & ~tf.reduce_all(search.done)
@@ -372,7 +432,8 @@ def beam_search(
         final, final_scores, final_count = search.final, search.final_scores, search.final_count
         max_lengths = sentences.max_lengths
         searching = tf.shape(max_lengths)[0]
-        log_probs, cache = _log_probs(step_fn, last, cache, step, context, start_id)
+        row_limits = tf.repeat(max_lengths, rows_per_sentence)
+        log_probs, cache = _log_probs(step_fn, last, cache, step, context, rules, end_id, row_limits)
         vocab_size = log_probs.shape[-1] or tf.shape(log_probs)[-1]
         log_probs = tf.reshape(log_probs, [searching, rows_per_sentence, vocab_size])
         extensions = tf.reshape(live_log_probs[:, :, None] + log_probs[:, :beam_size], [searching, -1])
@@ -384,7 +445,7 @@ def beam_search(
         # Set the ended ones among the first beam_size aside, scored.
         beam_done = search.done[:, 0]
         new_final = ends & within_beam & ~beam_done[:, None] & (top_log_probs > NEG_INF / 2)
-        new_scores = tf.where(new_final, top_log_probs / length_penalty(step + 1, length_alpha), NEG_INF)
+        new_scores = tf.where(new_final, top_log_probs / penalty(step + 1), NEG_INF)
         final_count += tf.reduce_sum(tf.cast(new_final, tf.int32), axis=1)
         final_scores, best = tf.math.top_k(tf.concat([final_scores, new_scores], axis=1), k=beam_size)
         final = tf.gather(tf.concat([final, top_sequences], axis=1), best, batch_dims=1)
@@ -393,12 +454,14 @@ def beam_search(
         live_log_probs, best = tf.math.top_k(tf.where(ends, NEG_INF, top_log_probs), k=beam_size)
         if stop_early:
             beam_done |= _cannot_be_beaten(final_scores[:, 0], final_count, live_log_probs, step, max_lengths,
-                                           length_alpha)
+                                           penalty)
         live = tf.gather(top_sequences, best, batch_dims=1)
         sentence_offsets = tf.range(searching)[:, None] * rows_per_sentence
         parents = sentence_offsets + tf.gather(beam_index, best, batch_dims=1)
         next_tokens = tf.gather(tokens, best, batch_dims=1)
-        beam_done |= (final_count >= beam_size) | (step + 1 >= max_lengths)
+        beam_done |= step + 1 >= max_lengths
+        if stop_when_beam_full:
+            beam_done |= final_count >= beam_size
         greedy_state = search.greedy
         if keep_greedy:
             # The greedy row keeps its own cache. It stops once it cannot beat the
@@ -406,7 +469,7 @@ def beam_search(
             # win whatever it does, and the batch need not wait for it.
             chosen, greedy_state = greedy.advance(greedy_state, log_probs[:, beam_size], step, max_lengths)
             hopeless = _cannot_be_beaten(final_scores[:, 0], final_count, greedy_state.log_prob_sum[:, None], step,
-                                         max_lengths, length_alpha)
+                                         max_lengths, penalty)
             greedy_state = greedy_state._replace(finished=greedy_state.finished | hopeless)
             parents = tf.concat([parents, sentence_offsets + beam_size], axis=1)
             next_tokens = tf.concat([next_tokens, chosen[:, None]], axis=1)
@@ -451,7 +514,7 @@ def beam_search(
     return _set_aside(results, sentences.places, found(search))
 
 
-def _cannot_be_beaten(best_final, final_count, live_log_probs, step, max_lengths, length_alpha):
+def _cannot_be_beaten(best_final, final_count, live_log_probs, step, max_lengths, penalty):
     """`(batch,)`: sentences whose best final hypothesis no live one can overtake, so the search may stop.
 
     A live hypothesis' log-probability L only falls as it grows, and it can
@@ -465,8 +528,8 @@ def _cannot_be_beaten(best_final, final_count, live_log_probs, step, max_lengths
     """
     next_length = tf.fill(tf.shape(max_lengths), step + 2)  # the live ones hold step + 1 tokens
     bound = tf.maximum(
-        live_log_probs / length_penalty(next_length, length_alpha)[:, None],
-        live_log_probs / length_penalty(max_lengths, length_alpha)[:, None],
+        live_log_probs / penalty(next_length)[:, None],
+        live_log_probs / penalty(max_lengths)[:, None],
     )
     margin = 1e-5 * tf.abs(best_final)[:, None] + 1e-6
     can_win = (live_log_probs > NEG_INF / 2) & (bound + margin >= best_final[:, None])

@@ -231,6 +231,9 @@ def transformer_search(
     use_cache=True,
     keep_greedy=True,
     static_shapes=False,
+    rules=None,
+    length_penalty_kind="gnmt",
+    stop_when_beam_full=True,
 ):
     """Translate source ids with a `Transformer`: greedy search for `beam_size=1`, else beam search.
 
@@ -251,6 +254,9 @@ def transformer_search(
             needs: the cache has all its room from the start (no
             `growing_cache`) and finished sentences stay in the batch (no
             `drop_finished`). The same translations, more work.
+        rules, length_penalty_kind, stop_when_beam_full: a checkpoint's
+            `TokenRules`, length penalty and stopping rule (see
+            `inference.search`); default: our own models'.
 
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`, as the searches.
@@ -263,7 +269,8 @@ def transformer_search(
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)
     max_lengths = output_limits(model, source_ids, max_extra_length, max_output_length)
     search = dict(start_id=start_id, end_id=end_id, max_lengths=max_lengths, length_alpha=length_alpha,
-                  cache_batch_axis=cache_batch_axis(use_cache), drop_finished=not static_shapes)
+                  cache_batch_axis=cache_batch_axis(use_cache), drop_finished=not static_shapes, rules=rules,
+                  length_penalty_kind=length_penalty_kind)
     if beam_size == 1:
         rows_per_sentence = 1
     else:  # with keep_greedy, the greedy path is one more row per sentence in the same steps
@@ -272,10 +279,11 @@ def transformer_search(
                                                use_cache=use_cache, growing_cache=not static_shapes)
     if beam_size == 1:
         return greedy_search(step_fn, cache, context=context, **search)
-    return beam_search(step_fn, cache, beam_size=beam_size, context=context, keep_greedy=keep_greedy, **search)
+    return beam_search(step_fn, cache, beam_size=beam_size, context=context, keep_greedy=keep_greedy,
+                       stop_when_beam_full=stop_when_beam_full, **search)
 
 
-def score_sequences(model, source_ids, target_ids, start_id, length_alpha=0.6):
+def score_sequences(model, source_ids, target_ids, start_id, length_alpha=0.6, length_penalty_kind="gnmt"):
     """Length-normalised log-probability of given outputs (tokens as the searches return them).
 
     Teacher-forced, independent of either search: for checking them.
@@ -288,4 +296,4 @@ def score_sequences(model, source_ids, target_ids, start_id, length_alpha=0.6):
     token_log_probs = tf.gather(log_probs, target_ids, batch_dims=2)
     real = tf.cast(target_ids != 0, tf.float32)
     lengths = tf.reduce_sum(tf.cast(target_ids != 0, tf.int32), axis=1)
-    return tf.reduce_sum(token_log_probs * real, axis=1) / length_penalty(lengths, length_alpha)
+    return tf.reduce_sum(token_log_probs * real, axis=1) / length_penalty(lengths, length_alpha, length_penalty_kind)

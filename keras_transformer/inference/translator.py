@@ -7,6 +7,7 @@ cached search and the detokenizer, and needs no Python to run.
 
 import tensorflow as tf
 
+from keras_transformer.inference.search import TokenRules
 from keras_transformer.inference.steps import output_length_cap, transformer_search
 from keras_transformer.models.attention_maps import (
     CROSS,
@@ -27,6 +28,11 @@ class Translator(tf.Module):
         max_extra_length: outputs may be this much longer than their source.
         max_output_length: and never longer than this (default: the model's
             `max_length`).
+        rules: the `inference.TokenRules` of a pretrained checkpoint
+            (default: our own models', `TokenRules.ours`).
+        length_penalty_kind: "gnmt" (ours) or "hf" (a checkpoint's).
+        stop_when_beam_full: see `inference.beam_search` (False for a
+            checkpoint's, which searches as Hugging Face's does).
 
     Call arguments:
         texts: `(batch,)` strings.
@@ -53,6 +59,9 @@ class Translator(tf.Module):
         length_alpha=0.6,
         max_extra_length=50,
         max_output_length=None,
+        rules=None,
+        length_penalty_kind="gnmt",
+        stop_when_beam_full=True,
     ):
         super().__init__(name="translator")
         if beam_size < 1:
@@ -75,6 +84,9 @@ class Translator(tf.Module):
         self.length_alpha = length_alpha
         self.max_extra_length = max_extra_length
         self.max_output_length = output_length_cap(model, max_output_length)
+        self.rules = rules or TokenRules.ours(target_tokenizer.start_id)
+        self.length_penalty_kind = length_penalty_kind
+        self.stop_when_beam_full = stop_when_beam_full
 
     def source_ids(self, texts):
         """`(batch, length)` int32 source ids, truncated to the model's max_length."""
@@ -92,14 +104,15 @@ class Translator(tf.Module):
         return transformer_search(
             self.model, source_ids, target.start_id, target.end_id, beam_size=self.beam_size,
             length_alpha=self.length_alpha, max_extra_length=self.max_extra_length,
-            max_output_length=self.max_output_length, static_shapes=static_shapes,
+            max_output_length=self.max_output_length, static_shapes=static_shapes, rules=self.rules,
+            length_penalty_kind=self.length_penalty_kind, stop_when_beam_full=self.stop_when_beam_full,
         )
 
     def _translate(self, texts):
         source_ids = self.source_ids(texts)
         tokens, scores = self.search(source_ids)
-        # [START] and [END] alone: nothing to translate.
-        empty = tf.reduce_sum(tf.cast(source_ids != 0, tf.int32), axis=1) <= 2
+        # The tokenizer's frame alone ([START] and [END]; a checkpoint's </s>): nothing to translate.
+        empty = tf.reduce_sum(tf.cast(source_ids != 0, tf.int32), axis=1) <= self.source_tokenizer.frame_length
         tokens = tf.where(empty[:, None], 0, tokens)
         # The search's buffer has room for the longest allowed output; keep the columns used.
         longest = tf.reduce_max(tf.reduce_sum(tf.cast(tokens != 0, tf.int32), axis=1, keepdims=True))

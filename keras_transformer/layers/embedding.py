@@ -10,7 +10,9 @@ from keras_transformer.layers.config import Hyperparameters
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.positional import PositionalEncoding, PositionEmbedding
 
-POSITION_KINDS = ("sinusoidal", "learned")
+# A position kind -> the sinusoids' layout (`positional.LAYOUTS`); "learned" has none.
+SINUSOID_LAYOUTS = {"sinusoidal": "interleaved", "sinusoidal_halves": "halves"}
+POSITION_KINDS = tuple(SINUSOID_LAYOUTS) + ("learned",)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -26,7 +28,9 @@ class TokenAndPositionEmbedding(Hyperparameters, keras.layers.Layer):
         vocab_size: number of token ids.
         d_model: embedding size.
         max_length: longest sequence (positions are defined up to it).
-        position: "sinusoidal" (fixed, Section 3.5) or "learned".
+        position: "sinusoidal" (fixed, Section 3.5), "sinusoidal_halves"
+            (the same sinusoids in Marian's layout, for OPUS-MT checkpoints)
+            or "learned".
         scale: multiply token embeddings by sqrt(d_model).
         mask_zero: id 0 is padding: the output carries a Keras mask.
         dropout: dropout rate on the sum.
@@ -88,9 +92,9 @@ class TokenAndPositionEmbedding(Hyperparameters, keras.layers.Layer):
             dtype=self.dtype_policy,
             name="token_embedding",
         )
-        if position == "sinusoidal":
+        if position in SINUSOID_LAYOUTS:
             self.position_embedding = PositionalEncoding(
-                max_length, dtype=self.dtype_policy, name="position_encoding"
+                max_length, layout=SINUSOID_LAYOUTS[position], dtype=self.dtype_policy, name="position_encoding"
             )
         else:
             self.position_embedding = PositionEmbedding(

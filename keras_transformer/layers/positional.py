@@ -16,7 +16,13 @@ from keras_transformer.layers.checks import check_positive_int
 from keras_transformer.layers.config import Hyperparameters
 
 
-def positional_encoding(length, depth, base=10000.0):
+# How the sines and cosines share the depth axis: the paper's pairs, or
+# every sine first and then every cosine (Marian's layout, which Hugging
+# Face's OPUS-MT checkpoints were trained with).
+LAYOUTS = ("interleaved", "halves")
+
+
+def positional_encoding(length, depth, base=10000.0, layout="interleaved"):
     """The sinusoidal table, `(length, depth)` float32, interleaved as in the paper.
 
         PE(pos, 2i)   = sin(pos / base^(2i / depth))
@@ -26,18 +32,28 @@ def positional_encoding(length, depth, base=10000.0):
     is a linear function of PE(pos) for any fixed offset k: the property the
     authors hoped would let attention work with relative positions.
 
+    `layout="halves"` puts the same columns in another order, the sines
+    (columns 2i) first and then the cosines (2i+1): the same information,
+    but a model learns its weights for one order only.
+
     Example:
     >>> positional_encoding(length=2, depth=4)[1]
     array([0.841471, 0.540302, 0.0099998, 0.99995], dtype=float32)
+    >>> positional_encoding(length=2, depth=4, layout="halves")[1]
+    array([0.841471, 0.0099998, 0.540302, 0.99995], dtype=float32)
     """
     if int(length) < 1 or int(depth) < 1:
         raise ValueError(f"length and depth must be positive, got length={length}, depth={depth}")
     if base <= 0:
         raise ValueError(f"base must be positive, got {base}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     positions = np.arange(length, dtype=np.float64)[:, None]
     pair_index = np.arange(depth, dtype=np.float64)[None, :] // 2  # i for columns 2i and 2i+1
     angles = positions / np.power(base, 2.0 * pair_index / depth)
     table = np.where(np.arange(depth) % 2 == 0, np.sin(angles), np.cos(angles))
+    if layout == "halves":
+        table = table[:, np.concatenate([np.arange(0, depth, 2), np.arange(1, depth, 2)])]
     return table.astype(np.float32)
 
 
@@ -53,6 +69,8 @@ class PositionalEncoding(Hyperparameters, keras.layers.Layer):
     Args:
         max_length: the longest sequence (plus decoding offset) supported.
         base: the wavelength base, 10000 in the paper.
+        layout: "interleaved" (the paper's) or "halves" (Marian's), see
+            `positional_encoding`.
 
     Call arguments:
         inputs: `(batch, length, depth)`.
@@ -67,9 +85,9 @@ class PositionalEncoding(Hyperparameters, keras.layers.Layer):
     (2, 10, 64)
     """
 
-    hyperparameters = ("max_length", "base")
+    hyperparameters = ("max_length", "base", "layout")
 
-    def __init__(self, max_length=2048, base=10000.0, **kwargs):
+    def __init__(self, max_length=2048, base=10000.0, layout="interleaved", **kwargs):
         super().__init__(**kwargs)
         check_positive_int(max_length=max_length)
         self.store_hyperparameters(locals())
@@ -83,7 +101,7 @@ class PositionalEncoding(Hyperparameters, keras.layers.Layer):
         # A NumPy constant, not a weight: nothing to train and nothing to save.
         # It becomes a tensor inside `call`, so that a layer built inside one
         # tf.function (say, the first step of `fit`) works in every other.
-        self.encoding = positional_encoding(self.max_length, depth, self.base)
+        self.encoding = positional_encoding(self.max_length, depth, self.base, self.layout)
 
     def call(self, inputs, start_index=0):
         positions = _positions_for(inputs, start_index)

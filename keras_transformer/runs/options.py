@@ -89,6 +89,8 @@ DEFAULTS = {
             # greedy BLEU of this many, after every epoch (0 turns either off).
             "attention_samples": 3,
             "bleu_samples": 200,
+            # Start from this run's tokenizers, model and weights (an import-hf run, say).
+            "init_from": None,
         },
         "evaluation": {"beam_size": 4, "length_alpha": 0.6, "max_extra_length": 50, "batch_size": 64},
     },
@@ -337,6 +339,9 @@ OPTIONS = (
     Option("training", "init_from", help="start the encoder from this pre-training run (`keras-transformer "
            "pretrain`) or classifier run: its vocabulary, sizes and weights", metavar="RUN_DIR", flag="--init-from",
            tasks=_CLASSIFICATION),
+    Option("training", "init_from", help="fine-tune this run's model (a pretrained checkpoint imported with "
+           "`keras-transformer import-hf`, or a translation run): its tokenizers, sizes, decoding and weights",
+           metavar="RUN_DIR", flag="--init-from", tasks=_TRANSLATION),
     Option("training", "mask_rate", float, "the share of tokens hidden and predicted", tasks=_PRETRAINING),
     # evaluation
     Option("evaluation", "beam_size", int, "beam size when this run translates (1: greedy)", tasks=_TRANSLATION),

@@ -543,7 +543,7 @@ def learn_or_load_tokenizer(run_dir, name, texts, vocab_size, lower_case, reserv
     """The run's tokenizer `name`: loaded when the run has it, else learned from `texts` and saved."""
     folder = vocab_path(run_dir, name)
     if has_tokenizer(run_dir, name):
-        return text.WordPieceTokenizer.load(folder)
+        return text.load_tokenizer(folder)
     started = time.time()
     tokenizer = text.WordPieceTokenizer.learn(
         texts, vocab_size=vocab_size, lower_case=lower_case, reserved_tokens=reserved_tokens or text.RESERVED_TOKENS
@@ -554,4 +554,4 @@ def learn_or_load_tokenizer(run_dir, name, texts, vocab_size, lower_case, reserv
 
 
 def load_tokenizer(run_dir, name=""):
-    return text.WordPieceTokenizer.load(vocab_path(run_dir, name))
+    return text.load_tokenizer(vocab_path(run_dir, name))

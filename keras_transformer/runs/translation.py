@@ -14,12 +14,14 @@ their defaults are `options`'.
 import dataclasses
 import logging
 import os
+import shutil
+import tempfile
 import time
 
 from keras_transformer import data, evaluation, inference, models
 from keras_transformer.models.multi_worker import spans_workers
 from keras_transformer.runs import run_dir as runs
-from keras_transformer.runs.options import DEFAULTS, TRANSLATION, TRANSLATION_DATASETS
+from keras_transformer.runs.options import DEFAULTS, TRANSLATION, TRANSLATION_DATASETS, merge_config
 
 logger = logging.getLogger("keras_transformer")
 
@@ -80,6 +82,9 @@ def tokenizers(run_dir, tokenizer_config, train_split=None, seed=0):
     `vocab_sample` pairs, chosen by `seed` (`data.streaming.sample`), and
     recorded in metrics.json.
     """
+    if tokenizer_config.get("kind") == PRETRAINED_TOKENIZERS:
+        # A pretrained checkpoint's own tokenizers, written at import (`import_checkpoint`): nothing to learn.
+        return runs.load_tokenizer(run_dir, "source"), runs.load_tokenizer(run_dir, "target")
     names = ("shared",) if tokenizer_config["shared"] else ("source", "target")
     settings = dict(vocab_size=tokenizer_config["vocab_size"], lower_case=tokenizer_config["lower_case"])
     sources = targets = ()
@@ -125,6 +130,90 @@ def token_shards(run_dir, split_name, split, source_tokenizer, target_tokenizer,
     return shards
 
 
+# -- a pretrained checkpoint as a run, and runs started from another ---------------------
+
+# The tokenizer section's "kind" of a run whose tokenizers came with a checkpoint (SentencePiece).
+PRETRAINED_TOKENIZERS = "pretrained"
+# What a run started with --init-from takes from the run it starts from.
+_INHERITED_SECTIONS = ("tokenizer", "model")
+
+
+def import_checkpoint(checkpoint_dir, run_dir, target_lang=None):
+    """Write a Hugging Face checkpoint directory as the translation run `run_dir`; returns its config.
+
+    The run is like a trained one with its epochs done: `translate`,
+    `evaluate`, `export`, `plot-attention` and `train --init-from` work on it.
+    `run_dir` must not exist; the run is written beside it and renamed into
+    place, so a failed import leaves nothing behind.
+    """
+    from keras_transformer import pretrained
+    from keras_transformer.saving import save_model, write_json
+
+    if os.path.exists(run_dir):
+        raise FileExistsError(f"{run_dir} already exists: pick a new run directory")
+    started = time.time()
+    model, source_tokenizer, target_tokenizer, decoding = pretrained.load(checkpoint_dir, target_lang=target_lang)
+    model_config = {key: value for key, value in model.get_config().items()
+                    if key in models.Transformer.hyperparameters and key not in ("src_vocab_size", "tgt_vocab_size",
+                                                                                "max_length")}
+    config = merge_config(DEFAULTS[TRANSLATION], {
+        "tokenizer": {"kind": PRETRAINED_TOKENIZERS, "shared": False},
+        "model": {"preset": None, **model_config},
+        "training": {"epochs": 0, "max_length": model.max_length, "precision": "float32"},
+        "evaluation": decoding,
+        "pretrained": {"checkpoint": os.path.abspath(checkpoint_dir), "target_lang": target_lang},
+    })
+    parent = os.path.dirname(os.path.abspath(run_dir))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(run_dir))}.incomplete-", dir=parent)
+    try:
+        source_tokenizer.save(runs.vocab_path(staging, "source"))
+        target_tokenizer.save(runs.vocab_path(staging, "target"))
+        save_model(model, runs.path(staging, runs.MODEL))
+        config["training"]["precision_chosen"], config["training"]["precision_reason"] = "float32", "imported"
+        write_json(runs.path(staging, runs.CONFIG), config)
+        runs.update_metrics(staging, {"imported": {
+            "checkpoint": os.path.abspath(checkpoint_dir), "parameters": model.count_params(),
+            "seconds": round(time.time() - started, 1)}})
+        os.rename(staging, run_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    logger.info("imported %s into %s (%d parameters, %.0fs)", checkpoint_dir, run_dir, model.count_params(),
+                time.time() - started)
+    return config
+
+
+def _with_init_run(config):
+    """`config` with what its `training.init_from` run decides: tokenizers, model and sizes, decoding."""
+    init_from = config.get("training", {}).get("init_from")
+    if not init_from:
+        return config
+    if runs.task_of(init_from) != TRANSLATION:
+        raise ValueError(f"--init-from {init_from}: a translation run needs a translation run (or an import-hf one)")
+    init_config = load_config(init_from)
+    inherited = {section: init_config[section] for section in _INHERITED_SECTIONS}
+    inherited["training"] = {"max_length": init_config["training"]["max_length"]}
+    given_evaluation = config.get("evaluation", {})
+    inherited["evaluation"] = merge_config(init_config["evaluation"], given_evaluation)
+    return merge_config(config, inherited)
+
+
+def _start_from_init_run(model, run_dir, init_from, state):
+    """Copy the init run's tokenizers into `run_dir` (once) and, before any step, its weights into `model`."""
+    for name in ("source", "target"):
+        if not runs.has_tokenizer(run_dir, name):
+            shutil.copytree(runs.vocab_path(init_from, name), runs.vocab_path(run_dir, name), dirs_exist_ok=True)
+    if model is not None and not state.trained:
+        init_config = load_config(init_from)
+        source, target = tokenizers(init_from, init_config["tokenizer"])
+        init_model = runs.load_trained_model(
+            init_from, lambda: build_model(init_config, source.vocab_size, target.vocab_size)
+        )
+        model.set_weights(init_model.get_weights())
+        logger.info("weights initialised from %s", init_from)
+
+
 # -- model ---------------------------------------------------------------------------
 
 
@@ -163,12 +252,14 @@ def train(config, run_dir, verbose=1, overwrite=False):
 
 
 def _train(config, run_dir, verbose, overwrite, chief_run_dir):
-    config, strategy, state = runs.start(run_dir, config, DEFAULTS[TRANSLATION], overwrite=overwrite)
+    config, strategy, state = runs.start(run_dir, _with_init_run(config), DEFAULTS[TRANSLATION], overwrite=overwrite)
     settings = config["training"]
     if state.finished:
         return runs.nothing_to_train(run_dir, state)["training"]
 
     replicas = strategy.num_replicas_in_sync
+    if settings["init_from"]:
+        _start_from_init_run(None, run_dir, settings["init_from"], state)
     splits = corpus_splits(config["data"], ("train", "val"))
     source_tokenizer, target_tokenizer = tokenizers(run_dir, config["tokenizer"], splits["train"], settings["seed"])
     shards = {
@@ -203,6 +294,8 @@ def _train(config, run_dir, verbose, overwrite, chief_run_dir):
 
     with strategy.scope():
         model = build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
+        if settings["init_from"]:
+            _start_from_init_run(model, run_dir, settings["init_from"], state)
         compile_model(model, settings)
     logger.info("model: %d parameters, %d replica(s)", model.count_params(), replicas)
     if state.epochs_done:
@@ -316,6 +409,13 @@ def load_translator(run_dir, beam_size=None, length_alpha=None, max_extra_length
         run_dir, lambda: build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
     )
     settings = config["evaluation"]
+    # A pretrained checkpoint's decoding rules (`pretrained.decoding_settings`); our own runs have none.
+    checkpoint_rules = {}
+    if settings.get("token_rules"):
+        from keras_transformer.pretrained import translator_arguments
+
+        checkpoint_rules = translator_arguments(settings)
+        checkpoint_rules = {key: checkpoint_rules[key] for key in ("rules", "length_penalty_kind", "stop_when_beam_full")}
     return inference.Translator(
         model,
         source_tokenizer,
@@ -323,7 +423,8 @@ def load_translator(run_dir, beam_size=None, length_alpha=None, max_extra_length
         beam_size=beam_size or settings["beam_size"],
         length_alpha=settings["length_alpha"] if length_alpha is None else length_alpha,
         max_extra_length=settings["max_extra_length"] if max_extra_length is None else max_extra_length,
-        max_output_length=max_output_length,
+        max_output_length=max_output_length or settings.get("max_output_length"),
+        **checkpoint_rules,
     )
 
 
@@ -476,6 +577,7 @@ __all__ = [
     "build_model",
     "evaluate",
     "export",
+    "import_checkpoint",
     "load_config",
     "corpus_splits",
     "load_pairs",

@@ -116,6 +116,9 @@ class WordPieceTokenizer(tf.Module):
     def vocab_size(self):
         return len(self.vocab)
 
+    # `tokenize` frames every text with [START] and [END].
+    frame_length = 2
+
     def fingerprint(self):
         """A digest of what decides the ids: the vocabulary and the casing (for data tokenized with it)."""
         content = "\n".join(self.vocab) + f"\nlower_case={self.lower_case}"

@@ -1,0 +1,169 @@
+"""Pretrained translation checkpoints from Hugging Face, as our Transformer, tokenizers and decoding settings.
+
+    translator = keras_transformer.pretrained.load_translator("opus-mt-en-de/")
+    translator.translate(["The dog sees the cat."])
+
+    model, source_tokenizer, target_tokenizer, decoding = keras_transformer.pretrained.load("opus-mt-en-de/")
+
+A checkpoint directory as Hugging Face saves it (see `checkpoint`) is read
+per family (`marian`: OPUS-MT), mapped onto options of our own layers, and
+decodes as the checkpoint says (`decoding_settings`: beam size, length limit
+and penalty, forbidden and forced tokens). Nothing outside this package
+knows Hugging Face's names. `keras-transformer import-hf` writes the result
+as a run directory (`runs.translation.import_checkpoint`).
+"""
+
+import collections
+
+from keras_transformer.pretrained import marian
+from keras_transformer.pretrained.checkpoint import (
+    CheckpointError,
+    check_weights_readable,
+    generation_settings,
+    read_config,
+    read_weights,
+    weights_file,
+)
+from keras_transformer.pretrained.weights import WeightReader
+from keras_transformer.text.sentencepiece import ID_OFFSET
+
+FAMILIES = {marian.MODEL_TYPE: marian}
+
+# generate() settings that change the output and that our searches do not have, with the value that is
+# harmless: a checkpoint that sets another is refused rather than decoded differently.
+_UNSUPPORTED_GENERATION = {
+    "do_sample": False,
+    "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
+    "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0,
+    "min_length": 0,
+    "min_new_tokens": None,
+    "num_beam_groups": 1,
+    "diversity_penalty": 0.0,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "exponential_decay_length_penalty": None,
+    "sequence_bias": None,
+    "constraints": None,
+    "force_words_ids": None,
+}
+
+Pretrained = collections.namedtuple("Pretrained", ["model", "source_tokenizer", "target_tokenizer", "decoding"])
+
+
+def family_of(config):
+    model_type = config.get("model_type")
+    if model_type not in FAMILIES:
+        raise CheckpointError(
+            f"model_type={model_type!r} is not supported: this version imports {', '.join(sorted(FAMILIES))} checkpoints"
+        )
+    return FAMILIES[model_type]
+
+
+def check_generation(generation):
+    """Refuse, in one line, a generation setting our searches would not follow."""
+    for name, harmless in _UNSUPPORTED_GENERATION.items():
+        value = generation.get(name, harmless)
+        if value not in (harmless, None) and not (value == [] and harmless is None):
+            raise CheckpointError(f"{name}={value!r} is not supported by our searches (it would change the output)")
+    for words in generation.get("bad_words_ids") or ():
+        if len(words) != 1:
+            raise CheckpointError(f"bad_words_ids with a sequence of {len(words)} tokens {words} is not supported")
+
+
+def _single_id(generation, config, name):
+    value = generation.get(name, config.get(name))
+    if isinstance(value, list):
+        if len(value) != 1:
+            raise CheckpointError(f"{name}={value} (several ids) is not supported")
+        value = value[0]
+    return value
+
+
+def decoding_settings(generation, config, model):
+    """How the checkpoint decodes, in our ids: the `Translator` arguments and the token rules.
+
+    Hugging Face's defaults where the checkpoint says nothing: greedy,
+    max_length 20, length_penalty 1.0. `max_length` counts the decoder's
+    start token, so an output has at most max_length - 1 tokens (and never
+    more than the model has positions).
+    """
+    end = _single_id(generation, config, "eos_token_id")
+    forced_first = generation.get("forced_bos_token_id")
+    forced_end = generation.get("forced_eos_token_id")
+    if forced_end is not None and _single_id(generation, config, "forced_eos_token_id") != end:
+        raise CheckpointError(f"forced_eos_token_id={forced_end} differs from eos_token_id={end}")
+    max_new_tokens = generation.get("max_new_tokens")
+    max_output = max_new_tokens if max_new_tokens else generation.get("max_length", 20) - 1
+    return {
+        "beam_size": int(generation.get("num_beams") or 1),
+        "length_alpha": float(generation.get("length_penalty", 1.0)),
+        "length_penalty_kind": "hf",
+        # Hugging Face's beam search runs on after num_beams hypotheses have ended.
+        "stop_when_beam_full": False,
+        "max_output_length": min(int(max_output), model.max_length),
+        # No limit relative to the source's length: Hugging Face has none.
+        "max_extra_length": model.max_length,
+        "token_rules": {
+            "never": [0] + [words[0] + ID_OFFSET for words in generation.get("bad_words_ids") or ()],
+            "forced_first": None if forced_first is None else forced_first + ID_OFFSET,
+            "end_at_limit": forced_end is not None,
+            "renormalize": bool(generation.get("renormalize_logits", False)),
+        },
+    }
+
+
+def load(checkpoint_dir, target_lang=None):
+    """`Pretrained(model, source_tokenizer, target_tokenizer, decoding)` of a Hugging Face checkpoint directory.
+
+    Everything that can be refused (an unknown family, a setting we cannot
+    express, a missing tokenizer file, a `pytorch_model.bin` without
+    PyTorch) is refused before the weights are read.
+
+    Example:
+    >>> model, source_tokenizer, target_tokenizer, decoding = load("opus-mt-en-de/")
+    >>> model.summary()
+    """
+    from keras_transformer import models
+
+    config = read_config(checkpoint_dir)
+    family = family_of(config)
+    settings = family.transformer_settings(config)
+    generation = generation_settings(checkpoint_dir, config)
+    check_generation(generation)
+    weights_file(checkpoint_dir)
+    check_weights_readable(checkpoint_dir)
+    source_tokenizer, target_tokenizer = family.tokenizers(checkpoint_dir, config, target_lang=target_lang)
+    model = models.Transformer(**settings)
+    model.build(((None, None), (None, None)))
+    decoding = decoding_settings(generation, config, model)
+    if decoding["token_rules"]["forced_first"] is None and target_tokenizer.start_id is None:
+        raise CheckpointError("the checkpoint names no decoder_start_token_id")
+    family.assign_weights(model, WeightReader(read_weights(checkpoint_dir)), config)
+    return Pretrained(model, source_tokenizer, target_tokenizer, decoding)
+
+
+def translator_arguments(decoding):
+    """`Translator` keyword arguments from `decoding_settings` (the token rules as `inference.TokenRules`)."""
+    from keras_transformer.inference import TokenRules
+
+    arguments = dict(decoding)
+    arguments["rules"] = TokenRules(**{**arguments.pop("token_rules"), "never": tuple(decoding["token_rules"]["never"])})
+    return arguments
+
+
+def load_translator(checkpoint_dir, target_lang=None, **overrides):
+    """A ready `inference.Translator` for a Hugging Face checkpoint directory (`overrides`: e.g. `beam_size=1`).
+
+    Example:
+    >>> translator = load_translator("opus-mt-en-de/")
+    >>> translator.translate(["The dog sees the cat."])
+    """
+    from keras_transformer.inference import Translator
+
+    model, source_tokenizer, target_tokenizer, decoding = load(checkpoint_dir, target_lang=target_lang)
+    return Translator(model, source_tokenizer, target_tokenizer, **{**translator_arguments(decoding), **overrides})
+
+
+__all__ = ["CheckpointError", "FAMILIES", "Pretrained", "decoding_settings", "load", "load_translator"]

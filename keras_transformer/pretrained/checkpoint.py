@@ -1,0 +1,114 @@
+"""Reading a Hugging Face checkpoint directory: its settings and its weights, as NumPy.
+
+A directory as `save_pretrained` writes it:
+
+    config.json               the architecture (`model_type` names the family)
+    generation_config.json    how it decodes (optional: config.json then says it)
+    model.safetensors         the weights, read with safetensors' NumPy API (no PyTorch)
+      or model.safetensors.index.json and its shards
+      or pytorch_model.bin    the older format: a pickle only PyTorch reads
+    tokenizer files           per family (Marian: source.spm, target.spm, vocab.json)
+
+Every refusal here is a `CheckpointError`, one line naming the file or the
+setting, raised before anything is written.
+"""
+
+import json
+import os
+
+import numpy as np
+
+CONFIG, GENERATION_CONFIG = "config.json", "generation_config.json"
+SAFETENSORS, SAFETENSORS_INDEX, PYTORCH_BIN = "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory this package cannot read or cannot express; the message is one line."""
+
+
+def read_json_file(directory, name, required=True):
+    """`directory/name` as a dict; `{}` for a missing optional file."""
+    path = os.path.join(directory, name)
+    if not os.path.exists(path):
+        if required:
+            raise CheckpointError(f"{directory} is not a Hugging Face checkpoint directory: it has no {name}")
+        return {}
+    try:
+        with open(path, encoding="utf-8") as file:
+            content = json.load(file)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path} is not valid JSON ({error})") from None
+    if not isinstance(content, dict):
+        raise CheckpointError(f"{path} holds a JSON {type(content).__name__}, not an object")
+    return content
+
+
+def read_config(directory):
+    if not os.path.isdir(directory):
+        raise CheckpointError(f"no checkpoint directory {directory}")
+    return read_json_file(directory, CONFIG)
+
+
+def generation_settings(directory, config):
+    """How the checkpoint decodes: `generation_config.json` when there is one, else the same keys of `config.json`.
+
+    This is what Hugging Face's `generate` reads (`GenerationConfig.from_model_config`
+    for a checkpoint saved before generation configs existed).
+    """
+    generation = read_json_file(directory, GENERATION_CONFIG, required=False)
+    return generation if generation else dict(config)
+
+
+def weights_file(directory):
+    """The weights file `read_weights` will read (refused in one line when there is none)."""
+    for name in (SAFETENSORS, SAFETENSORS_INDEX, PYTORCH_BIN):
+        if os.path.exists(os.path.join(directory, name)):
+            return name
+    raise CheckpointError(f"{directory} has no weights: neither {SAFETENSORS} nor {PYTORCH_BIN}")
+
+
+def check_weights_readable(directory):
+    """Refuse, before any work, a `pytorch_model.bin` without PyTorch to read it."""
+    if weights_file(directory) == PYTORCH_BIN:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise CheckpointError(
+                f"{os.path.join(directory, PYTORCH_BIN)} is a PyTorch pickle: install PyTorch to read it "
+                "(pip install torch; the CPU build will do), or save the checkpoint as model.safetensors"
+            ) from None
+
+
+def read_weights(directory):
+    """`{name: float32 array}`: every tensor of the checkpoint (float16 and bfloat16 ones widened)."""
+    name = weights_file(directory)
+    path = os.path.join(directory, name)
+    if name == PYTORCH_BIN:
+        check_weights_readable(directory)
+        import torch
+
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        return {key: value.float().numpy() if value.is_floating_point() else value.numpy()
+                for key, value in state.items()}
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    files = [path]
+    if name == SAFETENSORS_INDEX:
+        index = read_json_file(directory, SAFETENSORS_INDEX)
+        files = [os.path.join(directory, shard) for shard in sorted(set(index.get("weight_map", {}).values()))]
+    weights = {}
+    for file in files:
+        try:
+            weights.update(load_file(file))
+        except (SafetensorError, OSError) as error:
+            raise CheckpointError(f"{file} cannot be read as safetensors ({error})") from None
+    return {key: _widened(value) for key, value in weights.items()}
+
+
+def _widened(array):
+    if array.dtype == np.float16:
+        return array.astype(np.float32)
+    if array.dtype.kind == "V" and array.dtype.itemsize == 2:  # bfloat16 as NumPy sees it: raw 2-byte values
+        return (array.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return array

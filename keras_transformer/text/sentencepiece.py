@@ -1,0 +1,235 @@
+"""A pretrained checkpoint's own SentencePiece tokenization, as TensorFlow ops.
+
+A model trained elsewhere (OPUS-MT's Marian models, M2M100, NLLB) only
+understands the ids its own tokenizer makes, so we cannot learn a vocabulary
+for it: we run its SentencePiece model (`source.spm`, `sentencepiece.bpe.model`)
+with tensorflow-text, and map the pieces to the checkpoint's ids exactly as
+Hugging Face's tokenizers do:
+
+    text -> [>>lang<< code split off] -> SentencePiece pieces (strings)
+         -> the checkpoint's vocabulary (piece -> id; a piece it lacks is <unk>)
+         -> [start] [prefix, e.g. a language code] pieces </s>
+
+The mapping goes through the piece *strings*, not SentencePiece's own ids:
+a Marian `vocab.json` numbers pieces in its own order, and may lack pieces
+the SentencePiece model has.
+
+Our models keep id 0 for padding (masked everywhere); a checkpoint's padding
+id is something else (Marian's is its last id, M2M100's is 1). So every
+checkpoint id moves up by one (`ID_OFFSET`) on the way in and down on the
+way out, and id 0 is a padding token of our own that the checkpoint never
+sees. What a user sees, text and token strings, is the checkpoint's.
+"""
+
+import hashlib
+import json
+import os
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_text as text
+
+from keras_transformer.saving import read_json, replace_whole, write_json
+
+# checkpoint id + ID_OFFSET = our id; our id 0 is padding.
+ID_OFFSET = 1
+# The token string of our padding id (it is in no checkpoint's vocabulary).
+OUR_PADDING = "<keras_transformer:padding>"
+# A saved tokenizer's files: the SentencePiece model(s), the vocabulary, the settings (written last).
+ENCODE_MODEL, DECODE_MODEL, VOCAB_FILE = "sentencepiece.model", "sentencepiece-decode.model", "vocab.json"
+KIND = "sentencepiece"
+
+
+class SentencePieceTokenizer(tf.Module):
+    """Text <-> ids with a checkpoint's SentencePiece model and vocabulary, as TensorFlow ops.
+
+    Args:
+        model: the SentencePiece model's bytes (a `.spm` / `.model` file).
+        vocab: the checkpoint's tokens in id order (`vocab[i]` is id i).
+        unk_token, end_token: the checkpoint's unknown and end-of-sentence tokens.
+        start_token: the decoder's first input (a target side's tokenizer),
+            or None (a source side's: nothing goes before the text).
+        pad_token: the checkpoint's padding token (never part of a text).
+        prefix_tokens: tokens put before every text (a language code).
+        language_code_prefix: a text that starts with ">>xx<<" has that
+            code split off and looked up as one token (multilingual Marian).
+        decode_model: the SentencePiece model that turns pieces back into
+            text (default: `model`; a shared Marian vocabulary decodes with
+            the source side's model, as Hugging Face does).
+        special_tokens: further tokens dropped from decoded text.
+
+    Example:
+    >>> tokenizer = SentencePieceTokenizer(open("source.spm", "rb").read(), vocab, "<unk>", "</s>")
+    >>> tokenizer.tokenize(["Hello world."])      # [[34292, 246, 5, 1]]: checkpoint ids + 1
+    >>> tokenizer.detokenize([[34292, 246, 5, 1]])  # [b"Hello world."]
+    """
+
+    def __init__(
+        self,
+        model,
+        vocab,
+        unk_token,
+        end_token,
+        start_token=None,
+        pad_token=None,
+        prefix_tokens=(),
+        language_code_prefix=False,
+        decode_model=None,
+        special_tokens=(),
+        name=None,
+    ):
+        super().__init__(name=name)
+        vocab = list(vocab)
+        for role, token in (("unk_token", unk_token), ("end_token", end_token), ("start_token", start_token),
+                            ("pad_token", pad_token), *(("prefix token", token) for token in prefix_tokens)):
+            if token is not None and token not in vocab:
+                raise ValueError(f"the vocabulary has no {role} {token!r}")
+        if len(set(vocab)) != len(vocab):
+            raise ValueError("the vocabulary lists a token more than once")
+        self.model = bytes(model)
+        self.decode_model = self.model if decode_model is None else bytes(decode_model)
+        self.checkpoint_vocab = vocab
+        # Kept as JSON: a tf.Module would wrap a dict attribute in a tracking proxy that json cannot write.
+        self._settings_json = json.dumps(dict(
+            unk_token=unk_token, end_token=end_token, start_token=start_token, pad_token=pad_token,
+            prefix_tokens=list(prefix_tokens), language_code_prefix=language_code_prefix,
+            special_tokens=list(special_tokens),
+        ))
+        self.vocab = [OUR_PADDING] + vocab  # our id order
+        self.pad_id = 0
+        self.unk_id = self.id_of(unk_token)
+        self.end_id = self.id_of(end_token)
+        self.start_id = self.id_of(start_token) if start_token is not None else None
+        self.prefix_ids = [self.id_of(token) for token in prefix_tokens]
+        # Tokens that never reach decoded text: Hugging Face's skip_special_tokens.
+        self._dropped_ids = sorted(
+            {0, self.unk_id, self.end_id}
+            | {self.id_of(token) for token in (start_token, pad_token, *special_tokens) if token in vocab}
+        )
+        self._encoder = text.SentencepieceTokenizer(self.model, out_type=tf.string)
+        self._decoder = text.SentencepieceTokenizer(self.decode_model, out_type=tf.int32)
+        self._tokens = tf.constant(self.vocab)
+        self._ids = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(tf.constant(self.vocab[1:]), tf.range(1, len(self.vocab))),
+            default_value=self.unk_id,
+        )
+
+    @property
+    def settings(self):
+        """The constructor's arguments besides the models and the vocabulary (what `tokenizer.json` records)."""
+        return json.loads(self._settings_json)
+
+    def id_of(self, token):
+        """Our id of a checkpoint token (its checkpoint id + `ID_OFFSET`)."""
+        return self.vocab.index(token, 1)
+
+    @property
+    def vocab_size(self):
+        return len(self.vocab)
+
+    @property
+    def frame_length(self):
+        """How many ids `tokenize` puts around a text's pieces: an empty text has this many."""
+        return (self.start_id is not None) + len(self.prefix_ids) + 1
+
+    def fingerprint(self):
+        """A digest of what decides the ids: the models, the vocabulary and the framing."""
+        digest = hashlib.sha256(self.model)
+        digest.update(self.decode_model)
+        digest.update(json.dumps([list(self.checkpoint_vocab), self.settings], sort_keys=True).encode("utf-8"))
+        return digest.hexdigest()
+
+    # -- saving, loading ---------------------------------------------------------------
+
+    def save(self, directory):
+        """The model(s), `vocab.json` and then `tokenizer.json`, each whole or not at all."""
+        from keras_transformer.text.tokenizer import TOKENIZER_SETTINGS
+
+        os.makedirs(directory, exist_ok=True)
+        models = {ENCODE_MODEL: self.model}
+        if self.decode_model != self.model:
+            models[DECODE_MODEL] = self.decode_model
+        for file_name, content in models.items():
+            replace_whole(os.path.join(directory, file_name), lambda path, content=content: _write_bytes(path, content))
+        write_json(os.path.join(directory, VOCAB_FILE), list(self.checkpoint_vocab))
+        write_json(os.path.join(directory, TOKENIZER_SETTINGS), {"kind": KIND, **self.settings})
+
+    @classmethod
+    def load(cls, directory, settings):
+        """The tokenizer `save` wrote in `directory`; `settings` is its `tokenizer.json`."""
+        settings = {key: value for key, value in settings.items() if key != "kind"}
+        with open(os.path.join(directory, ENCODE_MODEL), "rb") as file:
+            model = file.read()
+        decode_path = os.path.join(directory, DECODE_MODEL)
+        decode_model = None
+        if os.path.exists(decode_path):
+            with open(decode_path, "rb") as file:
+                decode_model = file.read()
+        vocab = read_json(os.path.join(directory, VOCAB_FILE))
+        return cls(model, vocab, decode_model=decode_model, **settings)
+
+    # -- text -> ids -> text -----------------------------------------------------------
+
+    def tokenize(self, strings, add_start_end=True):
+        """`(batch,)` strings -> ragged `(batch, None)` int32 ids: [start] [prefix] [code] pieces [end].
+
+        Without `add_start_end`, only the code (if any) and the pieces.
+        """
+        strings = tf.convert_to_tensor(strings, tf.string)
+        # SentencePiece needs valid UTF-8: a bad byte becomes U+FFFD, as Python's decoding would.
+        strings = tf.strings.unicode_transcode(strings, "UTF-8", "UTF-8", errors="replace")
+        rows = tf.shape(strings, out_type=tf.int64)[0]
+        columns = []
+        if self.settings["language_code_prefix"]:
+            # ">>fra<< Bonjour": the code is a token of its own, the rest goes to SentencePiece.
+            has_code = tf.strings.regex_full_match(strings, r"(?s)>>.*?<<.*")
+            codes = tf.strings.regex_replace(strings, r"(?s)^(>>.*?<<).*$", r"\1")
+            strings = tf.where(has_code, tf.strings.regex_replace(strings, r"(?s)^>>.*?<<", ""), strings)
+            code_ids = tf.RaggedTensor.from_row_lengths(
+                tf.boolean_mask(self._ids.lookup(codes), has_code), tf.cast(has_code, tf.int64)
+            )
+            columns.append(code_ids)
+        pieces = self._encoder.tokenize(strings)
+        columns.append(tf.ragged.map_flat_values(self._ids.lookup, pieces))
+        if add_start_end:
+            leading = ([self.start_id] if self.start_id is not None else []) + self.prefix_ids
+            if leading:
+                columns.insert(0, _fixed_columns(rows, leading))
+            columns.append(_fixed_columns(rows, [self.end_id]))
+        ids = tf.concat(columns, axis=1) if len(columns) > 1 else columns[0]
+        return tf.cast(ids, tf.int32)
+
+    def detokenize(self, ids):
+        """Ids (dense or ragged, `(batch, length)`) -> `(batch,)` text, special tokens dropped."""
+        if not isinstance(ids, tf.RaggedTensor):
+            ids = tf.RaggedTensor.from_tensor(tf.convert_to_tensor(ids))
+        ids = tf.cast(ids, tf.int32)
+        # An id outside the vocabulary (a model of another size) reads as <unk>, and is dropped.
+        ids = tf.where((ids >= 0) & (ids < self.vocab_size), ids, self.unk_id)
+        dropped = tf.reduce_any(ids.flat_values[:, None] == tf.constant(self._dropped_ids)[None, :], axis=1)
+        kept = tf.ragged.boolean_mask(ids, ids.with_flat_values(~dropped))
+        pieces = tf.ragged.map_flat_values(tf.gather, self._tokens, kept)
+        # A piece the decoding model lacks becomes its <unk>, which it spells " ⁇ ", as Hugging Face's does.
+        strings = self._decoder.detokenize(tf.ragged.map_flat_values(self._decoder.string_to_id, pieces))
+        return tf.strings.strip(tf.strings.regex_replace(strings, "\u2581", " "))
+
+    def id_to_token(self, ids):
+        """Ids -> the checkpoint's token strings (same shape), for labelling attention maps."""
+        if isinstance(ids, tf.RaggedTensor):
+            return tf.ragged.map_flat_values(tf.gather, self._tokens, ids)
+        return tf.gather(self._tokens, ids)
+
+
+def _fixed_columns(rows, ids):
+    """`(rows, len(ids))` ragged int32: the same ids in every row."""
+    return tf.RaggedTensor.from_tensor(tf.tile(tf.constant([ids], tf.int32), tf.stack([rows, 1])))
+
+
+def _write_bytes(path, content):
+    with open(path, "wb") as file:
+        file.write(content)
+
+
+def checkpoint_ids(ids):
+    """Our ids -> the checkpoint's (NumPy), for comparing with its own tools."""
+    return np.asarray(ids) - ID_OFFSET

@@ -1,0 +1,277 @@
+"""Pretrained Hugging Face checkpoints: imported, they translate exactly as Hugging Face does.
+
+The checkpoints are tiny Marian models built with transformers and PyTorch
+by `fixtures/pretrained/make_fixtures.py`, which also recorded what Hugging
+Face does with them (`expected.json`, `expected.npz`): these tests need
+neither. The tokenizer is checked on a real OPUS-MT checkpoint's files
+(`../shared/data/opus-mt-en-mg`, no weights) against `MarianTokenizer`'s ids.
+When transformers and PyTorch are installed, one test also runs HF live.
+"""
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from helpers import assert_it_lived, cli_here, run
+from keras_transformer import pretrained
+from keras_transformer.inference import score_sequences
+from keras_transformer.pretrained import CheckpointError, marian
+from keras_transformer.runs import translation
+
+FIXTURES = Path(__file__).parent / "fixtures" / "pretrained"
+CHECKPOINTS = ("marian-shared-swish", "marian-separate-relu")
+DATA = Path(os.environ.get("KERAS_TRANSFORMER_DATA", Path(__file__).parents[2] / "shared" / "data"))
+
+
+def read_sentences(spec):
+    """The data folder's lines a fixture names (`{"data": [[file, count], ...], "made": [...]}`), then its own."""
+    lines = []
+    for name, count in spec["data"]:
+        lines += (DATA / name).read_text(encoding="utf-8").splitlines()[:count]
+    return lines + spec["made"]
+
+
+def expected(name):
+    """What Hugging Face did with a fixture checkpoint: `(expected.json with its sentences read, expected.npz)`."""
+    recorded = json.loads((FIXTURES / name / "expected.json").read_text())
+    recorded["sources"] = read_sentences(recorded["sources"])
+    recorded["logit_targets"] = read_sentences(recorded["logit_targets"])
+    return recorded, np.load(FIXTURES / name / "expected.npz")
+
+
+def ours(ids):
+    """Our ids of a row of the checkpoint's (ours are theirs + 1; 0 is our padding)."""
+    return [int(i) + 1 for i in ids]
+
+
+def theirs(row):
+    return [int(i) - 1 for i in row if i != 0]
+
+
+@pytest.fixture(scope="module", params=CHECKPOINTS)
+def imported(request):
+    return request.param, pretrained.load(str(FIXTURES / request.param))
+
+
+# -- the tokenizer, on a real OPUS-MT checkpoint's files ---------------------------------------
+
+
+@pytest.mark.skipif(not (DATA / "opus-mt-en-mg").exists(), reason="needs ../shared/data/opus-mt-en-mg")
+def test_token_ids_equal_marian_tokenizers_on_a_real_checkpoint():
+    """Accents, digits, punctuation, CJK, emoji, empty, over-long, >>xx<< codes: the same ids, the same text back."""
+    folder = DATA / "opus-mt-en-mg"
+    recorded = json.loads((FIXTURES / "opus-mt-en-mg-tokens.json").read_text())
+    config = json.loads((folder / "config.json").read_text())
+    source, target = marian.tokenizers(str(folder), config)
+    sentences = read_sentences(recorded["sentences"])
+    assert len(sentences) > 250
+    ids = source.tokenize(tf.constant(sentences)).to_list()
+    wrong = [(text, theirs(row), want) for text, row, want in zip(sentences, ids, recorded["ids"]) if theirs(row) != want]
+    assert not wrong, wrong[:3]
+    # The target side frames with the decoder's start token first.
+    target_ids = target.tokenize(tf.constant(sentences[: len(recorded["target_ids"])])).to_list()
+    assert all(row[0] == target.start_id for row in target_ids)
+    assert [theirs(row[1:]) for row in target_ids] == recorded["target_ids"]
+    # Decoding: the ids of each sentence back to text, and random ids too, as MarianTokenizer.decode does.
+    decoded = [text.decode() for text in target.detokenize(tf.ragged.constant([ours(row) for row in recorded["ids"]])).numpy()]
+    different = recorded["decoded_where_different"]
+    assert decoded == [different.get(str(index), sentence) for index, sentence in enumerate(sentences)]
+    random_decoded = target.detokenize(tf.ragged.constant([ours(row) for row in recorded["random_ids"]])).numpy()
+    assert [text.decode() for text in random_decoded] == recorded["random_decoded"]
+
+
+# -- the model, against Hugging Face's recorded outputs ---------------------------------------------
+
+
+def test_logits_equal_hugging_faces_on_a_padded_batch(imported):
+    name, (model, source_tokenizer, target_tokenizer, _) = imported
+    want, arrays = expected(name)
+    source_ids = np.where(arrays["attention_mask"] == 1, arrays["source_ids"] + 1, 0)
+    logits = model((source_ids, arrays["decoder_input_ids"] + 1), training=False).numpy()
+    real = arrays["real"]
+    np.testing.assert_allclose(logits[..., 1:][real], arrays["logits"][real], atol=1e-4)
+    # The tokenizers made the same ids as Hugging Face's.
+    assert [theirs(row) for row in source_tokenizer.tokenize(tf.constant(want["sources"])).to_list()] == want["source_ids"]
+    targets = target_tokenizer.tokenize(tf.constant(want["logit_targets"])).to_list()
+    assert [theirs(row[1:]) for row in targets] == want["target_ids"]
+
+
+def _translate(name, **overrides):
+    translator = pretrained.load_translator(str(FIXTURES / name), **overrides)
+    want, _ = expected(name)
+    outputs = translator(tf.constant(want["sources"]))
+    return translator, want, [theirs(row) for row in outputs["tokens"].numpy()], outputs
+
+
+def test_greedy_output_is_hugging_faces_token_for_token(imported):
+    name, _ = imported
+    _, want, tokens, outputs = _translate(name, beam_size=1)
+    texts = [text.decode() for text in outputs["translation"].numpy()]
+    # The last source is "": we translate it to "" (Hugging Face makes something of </s> alone).
+    assert want["sources"][-1] == "" and tokens[-1] == [] and texts[-1] == ""
+    assert tokens[:-1] == want["greedy"]["ids"][:-1]
+    assert texts[:-1] == want["greedy"]["text"][:-1]
+
+
+def test_beam_search_matches_hugging_face_or_finds_a_better_scoring_translation(imported):
+    """Where HF's search stops on its heuristic, ours searches on: never a worse score, mostly the same words."""
+    name, (model, _, target_tokenizer, _) = imported
+    translator, want, tokens, outputs = _translate(name)
+    assert translator.beam_size == 4  # generation_config.json's num_beams
+    same = [ours_ == hf for ours_, hf in zip(tokens[:-1], want["beam4"]["ids"][:-1])]
+    assert sum(same) >= 0.85 * len(same), f"{sum(same)} of {len(same)} the same"
+    source_ids = translator.source_ids(tf.constant(want["sources"]))
+    hf_tokens = tf.ragged.constant([ours(row) for row in want["beam4"]["ids"]]).to_tensor()
+    # HF's hypotheses scored by our model, as HF scores them (sum of log-probabilities / length).
+    hf_scores = score_sequences(model, source_ids, hf_tokens, target_tokenizer.start_id, length_alpha=1.0,
+                                length_penalty_kind="hf").numpy()
+    np.testing.assert_allclose(hf_scores[:-1], want["beam4"]["scores"][:-1], atol=1e-4)
+    ours_scores = outputs["score"].numpy()
+    for index, is_same in enumerate(same):
+        if not is_same:
+            assert ours_scores[index] >= hf_scores[index] - 1e-5, (index, ours_scores[index], hf_scores[index])
+
+
+def test_a_float16_pytorch_bin_imports_the_same_weights(tmp_path):
+    """The float16 `pytorch_model.bin` beside the safetensors holds the same numbers: read with PyTorch, or refused."""
+    checkpoint = tmp_path / "bin-only"
+    shutil.copytree(FIXTURES / "marian-shared-swish", checkpoint)
+    (checkpoint / "model.safetensors").unlink()
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        with pytest.raises(CheckpointError, match="install PyTorch to read it"):
+            pretrained.load(str(checkpoint))
+        return
+    from_bin = pretrained.load(str(checkpoint)).model
+    from_safetensors = pretrained.load(str(FIXTURES / "marian-shared-swish")).model
+    for ours_weight, theirs_weight in zip(from_bin.weights, from_safetensors.weights):
+        np.testing.assert_array_equal(ours_weight.numpy(), theirs_weight.numpy())
+
+
+# -- the CLI: import-hf, a run directory like a trained one ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def imported_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("imported") / "opus-mt"
+    result = cli_here("import-hf", FIXTURES / "marian-shared-swish", run_dir)
+    assert "imported" in result.stdout
+    return run_dir
+
+
+def test_an_imported_run_translates_as_hugging_face_from_the_cli(imported_run):
+    want, _ = expected("marian-shared-swish")
+    result = cli_here("translate", imported_run, "--beam-size", "1", *want["sources"][:4])
+    assert result.stdout.splitlines() == want["greedy"]["text"][:4]
+    result = cli_here("translate", imported_run, *want["sources"][:4])  # the checkpoint's beam 4
+    assert result.stdout.splitlines() == want["beam4"]["text"][:4]
+    # Attention maps label their rows and columns with the checkpoint's pieces.
+    result = cli_here("plot-attention", imported_run, want["sources"][0], "--html", imported_run.parent / "a.html")
+    assert "▁" in (imported_run.parent / "a.html").read_text(encoding="utf-8")
+
+
+def test_refusals_come_in_one_line_and_write_nothing(imported_run, tmp_path):
+    def refused(checkpoint, expected_message, *extra):
+        out = tmp_path / f"run-{len(list(tmp_path.iterdir()))}"
+        result = cli_here("import-hf", checkpoint, out, *extra, check=False)
+        assert result.status == 2, result.stderr
+        assert expected_message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert not out.exists() and not [path for path in tmp_path.iterdir() if "incomplete" in path.name]
+
+    def edited(file_name, **changes):
+        checkpoint = tmp_path / f"checkpoint-{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(FIXTURES / "marian-shared-swish", checkpoint)
+        content = json.loads((checkpoint / file_name).read_text())
+        content.update(changes)
+        (checkpoint / file_name).write_text(json.dumps(content))
+        return checkpoint
+
+    result = cli_here("import-hf", FIXTURES / "marian-shared-swish", imported_run, check=False)
+    assert result.status == 2 and "already exists" in result.stderr
+    refused(tmp_path / "nowhere", "no checkpoint directory")
+    refused(edited("config.json", decoder_layers=3), "encoder_layers=2 differs from decoder_layers=3")
+    refused(edited("config.json", activation_function="gelu_new"), "activation_function='gelu_new' is not supported")
+    refused(edited("config.json", model_type="t5"), "model_type='t5' is not supported")
+    refused(edited("generation_config.json", no_repeat_ngram_size=3), "no_repeat_ngram_size=3 is not supported")
+    refused(edited("generation_config.json", bad_words_ids=[[3, 4]]), "a sequence of 2 tokens")
+    refused(FIXTURES / "marian-shared-swish", "the vocabulary has no >>fra<<", "--target-lang", "fra")
+
+
+FRESH_PROCESS = r"""
+import json, sys
+import tensorflow as tf
+import tensorflow_text  # noqa: F401  registers the SentencePiece ops, as tensorflow_model_server does
+
+export_dir, sentences_json, report_path, tests_dir = sys.argv[1:5]
+loaded = tf.saved_model.load(export_dir)
+served = loaded.signatures["serving_default"](text=tf.constant(json.loads(sentences_json)))
+print(json.dumps([text.decode() for text in served["translation"].numpy()]))
+sys.stdout.flush()
+sys.path.insert(0, tests_dir)
+import malformed_requests  # noqa: E402
+malformed_requests.main(export_dir, 0, 60, report_path)
+assert "keras_transformer" not in sys.modules
+"""
+
+
+def test_the_export_of_an_imported_run_serves_the_same_translations_in_a_fresh_process(imported_run, tmp_path):
+    want, _ = expected("marian-shared-swish")
+    sentences = want["sources"][:6] + ["", "Zwölf Ölfässer, 3,5 € — “gut”?"]
+    cli_here("export", imported_run, tmp_path / "export")
+    in_process = cli_here("translate", imported_run, *sentences).stdout.splitlines()
+    report = tmp_path / "report.json"
+    result = run([sys.executable, "-c", FRESH_PROCESS, tmp_path / "export" / "1", json.dumps(sentences), report,
+                  Path(__file__).parent], check=False)
+    assert_it_lived(result)
+    assert json.loads(result.stdout.splitlines()[0]) == in_process + [""] * (len(sentences) - len(in_process))
+    answers = json.loads(report.read_text())
+    assert {answer["answer"] for answer in answers if not answer["request"].startswith("random")} == {
+        "InvalidArgumentError"}
+
+
+def test_fine_tuning_an_imported_run_trains_its_weights_with_its_tokenizers(imported_run, tmp_path):
+    """`train --init-from`: the checkpoint's tokenizers and weights, then a lower loss on the user's pairs."""
+    english, german = ((DATA / "multi30k" / name).read_text(encoding="utf-8").splitlines()[2000:2160]
+                       for name in ("train.en", "train.de"))
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("".join(f"{source}\t{target}\n" for source, target in zip(english, german)), encoding="utf-8")
+    out = tmp_path / "fine-tuned"
+    cli_here("train", "--init-from", imported_run, "--dataset", "files", "--train-tsv", pairs,
+             "--epochs", "2", "--batch-size", "16", "--learning-rate-scale", "0.1", "--warmup-steps", "10",
+             "--strategy", "none", "--attention-samples", "0", "--bleu-samples", "0", "--no-evaluate", "--out", out)
+    history = (out / "history.csv").read_text().splitlines()
+    columns = history[0].split(",")
+    losses = [float(row.split(",")[columns.index("loss")]) for row in history[1:]]
+    assert len(losses) == 2 and losses[1] < losses[0]
+    for side in ("source", "target"):  # the checkpoint's own tokenizer files, not a learned vocabulary
+        assert (out / "vocab" / side / "sentencepiece.model").read_bytes() == (
+            imported_run / "vocab" / side / "sentencepiece.model").read_bytes()
+    config = translation.load_config(out)
+    assert config["evaluation"]["length_penalty_kind"] == "hf" and config["model"]["position"] == "sinusoidal_halves"
+    assert cli_here("translate", out, "A man.").stdout.strip()
+
+
+# -- Hugging Face itself, when it is installed ---------------------------------------------------------
+
+
+def test_hugging_face_live_gives_the_recorded_outputs():
+    """The recorded outputs are what the installed transformers does (skipped where it is not installed)."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    name = "marian-shared-swish"
+    want, _ = expected(name)
+    model = transformers.MarianMTModel.from_pretrained(FIXTURES / name, dtype=torch.float32).eval()
+    tokenizer = transformers.MarianTokenizer.from_pretrained(FIXTURES / name)
+    batch = tokenizer(want["sources"][:8], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        generated = model.generate(**batch, num_beams=1, max_length=24)
+    texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
+    translator = pretrained.load_translator(str(FIXTURES / name), beam_size=1)
+    assert translator.translate(want["sources"][:8]) == texts
