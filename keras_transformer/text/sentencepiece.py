@@ -106,9 +106,10 @@ class SentencePieceTokenizer(tf.Module):
             {0, self.unk_id, self.end_id}
             | {self.id_of(token) for token in (start_token, pad_token, *special_tokens) if token in vocab}
         )
-        self._encoder = text.SentencepieceTokenizer(self.model, out_type=tf.string)
-        self._decoder = text.SentencepieceTokenizer(self.decode_model, out_type=tf.int32)
+        self._encoder = _sentencepiece(self.model, tf.string)
         self._tokens = tf.constant(self.vocab)
+        self._decoder = _sentencepiece(self.decode_model, tf.int32)
+        self._surfaces = tf.constant(_surfaces(self.vocab, self._decoder))
         self._ids = tf.lookup.StaticHashTable(
             tf.lookup.KeyValueTensorInitializer(tf.constant(self.vocab[1:]), tf.range(1, len(self.vocab))),
             default_value=self.unk_id,
@@ -208,9 +209,9 @@ class SentencePieceTokenizer(tf.Module):
         ids = tf.where((ids >= 0) & (ids < self.vocab_size), ids, self.unk_id)
         dropped = tf.reduce_any(ids.flat_values[:, None] == tf.constant(self._dropped_ids)[None, :], axis=1)
         kept = tf.ragged.boolean_mask(ids, ids.with_flat_values(~dropped))
-        pieces = tf.ragged.map_flat_values(tf.gather, self._tokens, kept)
-        # A piece the decoding model lacks becomes its <unk>, which it spells " ⁇ ", as Hugging Face's does.
-        strings = self._decoder.detokenize(tf.ragged.map_flat_values(self._decoder.string_to_id, pieces))
+        pieces = tf.ragged.map_flat_values(tf.gather, self._surfaces, kept)
+        # SentencePiece's decoding of pieces: joined, "▁" is a space; then Hugging Face strips the ends.
+        strings = tf.strings.reduce_join(pieces, axis=-1)
         return tf.strings.strip(tf.strings.regex_replace(strings, "\u2581", " "))
 
     def id_to_token(self, ids):
@@ -218,6 +219,56 @@ class SentencePieceTokenizer(tf.Module):
         if isinstance(ids, tf.RaggedTensor):
             return tf.ragged.map_flat_values(tf.gather, self._tokens, ids)
         return tf.gather(self._tokens, ids)
+
+
+class _NamedModelResource(tf.saved_model.experimental.TrackableResource):
+    """A SentencePiece model loaded under a name of its own, so that it lives as long as the process.
+
+    tensorflow-text loads the model into a resource private to the op's
+    kernel, and TensorFlow drops eager kernels whenever it clears its caches
+    (`tf.random.set_seed` does, and so `keras.utils.set_random_seed`): the
+    model goes, and the tokenizer fails ("Resource ... does not exist"). A
+    resource with a shared name belongs to the process instead; tokenizers
+    of the same model share it. An export re-creates it when loaded.
+    """
+
+    def __init__(self, model):
+        super().__init__()
+        self._model = model
+        self._shared_name = "keras_transformer_sentencepiece_" + hashlib.sha256(model).hexdigest()[:16]
+        _ = self.resource_handle  # created now
+
+    def _create_resource(self):
+        from tensorflow_text.python.ops.sentencepiece_tokenizer import gen_sentencepiece_tokenizer
+
+        return gen_sentencepiece_tokenizer.sentencepiece_op(model=self._model, shared_name=self._shared_name)
+
+
+def _sentencepiece(model, out_type):
+    tokenizer = text.SentencepieceTokenizer(model, out_type=out_type)
+    tokenizer._model_resource = _NamedModelResource(model)  # see _NamedModelResource
+    return tokenizer
+
+
+def _surfaces(vocab, model):
+    """What each token adds to decoded text, as SentencePiece's decoding of pieces writes it.
+
+    A piece is its own text ("▁" for a space), even one the SentencePiece
+    model lacks (`DecodePieces` keeps an unknown piece's surface); the model's
+    own unknown piece reads " ⁇ ", and its control pieces (<s>, </s>) nothing.
+    """
+    unknown_piece = model.id_to_string(0).numpy().decode("utf-8")
+    spm_ids = model.string_to_id(tf.constant(vocab)).numpy()
+    alone = model.detokenize(tf.RaggedTensor.from_tensor(spm_ids[:, None])).numpy()
+    surfaces = []
+    for token, spm_id, decoded in zip(vocab, spm_ids, alone):
+        if token == unknown_piece:
+            surfaces.append(" \u2047 ")
+        elif spm_id != 0 and not decoded and token.strip("\u2581"):  # a control piece decodes to nothing
+            surfaces.append("")
+        else:
+            surfaces.append(token)
+    return surfaces
 
 
 def _fixed_columns(rows, ids):
