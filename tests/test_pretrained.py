@@ -226,6 +226,7 @@ assert "keras_transformer" not in sys.modules
 """
 
 
+@pytest.mark.slow
 def test_the_export_of_an_imported_run_serves_the_same_translations_in_a_fresh_process(imported_run, tmp_path):
     want, _ = expected("marian-shared-swish")
     sentences = want["sources"][:6] + ["", "Zwölf Ölfässer, 3,5 € — “gut”?"]
@@ -241,6 +242,7 @@ def test_the_export_of_an_imported_run_serves_the_same_translations_in_a_fresh_p
         "InvalidArgumentError"}
 
 
+@pytest.mark.slow
 def test_fine_tuning_an_imported_run_trains_its_weights_with_its_tokenizers(imported_run, tmp_path):
     """`train --init-from`: the checkpoint's tokenizers and weights, then a lower loss on the user's pairs."""
     english, german = ((DATA / "multi30k" / name).read_text(encoding="utf-8").splitlines()[2000:2160]
