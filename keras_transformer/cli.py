@@ -204,13 +204,14 @@ def build_parser():
     plot.set_defaults(handler=_plot_attention)
 
     imported = commands.add_parser(
-        "import-hf", help="a pretrained Hugging Face translation checkpoint (OPUS-MT) as a run directory"
+        "import-hf", help="a pretrained Hugging Face translation checkpoint (OPUS-MT, M2M100) as a run directory"
     )
     imported.add_argument("checkpoint_dir", help="a directory as Hugging Face saves a checkpoint (config.json, "
                           "model.safetensors or pytorch_model.bin, the tokenizer files)")
     imported.add_argument("run_dir", help="the new run directory (must not exist yet)")
-    imported.add_argument("--target-lang", metavar="CODE", help="a multilingual model's target language: its "
-                          ">>CODE<< token goes before every source text")
+    imported.add_argument("--source-lang", metavar="CODE", help="M2M100: the language of the texts (e.g. en)")
+    imported.add_argument("--target-lang", metavar="CODE", help="the language to translate into: M2M100's code "
+                          "(e.g. de), or a multilingual OPUS-MT model's >>CODE<< token put before every text")
     imported.set_defaults(handler=_import_hf)
 
     average = commands.add_parser(
@@ -272,7 +273,9 @@ def _train(arguments):
 def _import_hf(arguments):
     from keras_transformer.runs import translation
 
-    config = translation.import_checkpoint(arguments.checkpoint_dir, arguments.run_dir, arguments.target_lang)
+    config = translation.import_checkpoint(
+        arguments.checkpoint_dir, arguments.run_dir, arguments.source_lang, arguments.target_lang
+    )
     model, decoding = config["model"], config["evaluation"]
     print(f"imported {arguments.checkpoint_dir} into {arguments.run_dir}: {model['num_layers']} + "
           f"{model['num_layers']} layers, d_model {model['d_model']}, beam {decoding['beam_size']}, "

@@ -11,7 +11,7 @@ from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.positional import PositionalEncoding, PositionEmbedding
 
 # A position kind -> the sinusoids' layout (`positional.LAYOUTS`); "learned" has none.
-SINUSOID_LAYOUTS = {"sinusoidal": "interleaved", "sinusoidal_halves": "halves"}
+SINUSOID_LAYOUTS = {"sinusoidal": "interleaved", "sinusoidal_halves": "halves", "sinusoidal_fairseq": "fairseq"}
 POSITION_KINDS = tuple(SINUSOID_LAYOUTS) + ("learned",)
 
 
@@ -29,8 +29,8 @@ class TokenAndPositionEmbedding(Hyperparameters, keras.layers.Layer):
         d_model: embedding size.
         max_length: longest sequence (positions are defined up to it).
         position: "sinusoidal" (fixed, Section 3.5), "sinusoidal_halves"
-            (the same sinusoids in Marian's layout, for OPUS-MT checkpoints)
-            or "learned".
+            (the same sinusoids in Marian's layout, for OPUS-MT checkpoints),
+            "sinusoidal_fairseq" (fairseq's, for M2M100 and NLLB) or "learned".
         scale: multiply token embeddings by sqrt(d_model).
         mask_zero: id 0 is padding: the output carries a Keras mask.
         dropout: dropout rate on the sum.

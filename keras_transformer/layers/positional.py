@@ -18,8 +18,30 @@ from keras_transformer.layers.config import Hyperparameters
 
 # How the sines and cosines share the depth axis: the paper's pairs, or
 # every sine first and then every cosine (Marian's layout, which Hugging
-# Face's OPUS-MT checkpoints were trained with).
-LAYOUTS = ("interleaved", "halves")
+# Face's OPUS-MT checkpoints were trained with), or fairseq's table (M2M100, NLLB).
+LAYOUTS = ("interleaved", "halves", "fairseq")
+# fairseq numbers positions from its padding id + 1 = 2: the first token is at position 2.
+FAIRSEQ_FIRST_POSITION = 2
+
+
+def fairseq_positional_encoding(length, depth, base=10000.0):
+    """fairseq's (tensor2tensor's) table, as M2M100 and NLLB were trained with, from their first position on.
+
+    Sines then cosines like Marian's, but the i-th of the depth/2
+    frequencies is base^(-i / (depth/2 - 1)) (the paper's is
+    base^(-2i / depth)), and the first token is at position 2. Computed in
+    float32 as fairseq and Hugging Face compute it, so that a checkpoint sees
+    the very numbers it was trained with.
+    """
+    half = depth // 2
+    step = np.float32(np.log(base) / (half - 1))
+    frequencies = np.exp(np.arange(half, dtype=np.float32) * -step)
+    positions = np.arange(FAIRSEQ_FIRST_POSITION, FAIRSEQ_FIRST_POSITION + length, dtype=np.float32)
+    angles = positions[:, None] * frequencies[None, :]
+    table = np.concatenate([np.sin(angles), np.cos(angles)], axis=1)
+    if depth % 2:
+        table = np.concatenate([table, np.zeros((length, 1), np.float32)], axis=1)
+    return table.astype(np.float32)
 
 
 def positional_encoding(length, depth, base=10000.0, layout="interleaved"):
@@ -48,6 +70,8 @@ def positional_encoding(length, depth, base=10000.0, layout="interleaved"):
         raise ValueError(f"base must be positive, got {base}")
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout == "fairseq":
+        return fairseq_positional_encoding(length, depth, base)
     positions = np.arange(length, dtype=np.float64)[:, None]
     pair_index = np.arange(depth, dtype=np.float64)[None, :] // 2  # i for columns 2i and 2i+1
     angles = positions / np.power(base, 2.0 * pair_index / depth)
@@ -69,8 +93,8 @@ class PositionalEncoding(Hyperparameters, keras.layers.Layer):
     Args:
         max_length: the longest sequence (plus decoding offset) supported.
         base: the wavelength base, 10000 in the paper.
-        layout: "interleaved" (the paper's) or "halves" (Marian's), see
-            `positional_encoding`.
+        layout: "interleaved" (the paper's), "halves" (Marian's) or
+            "fairseq" (M2M100's and NLLB's), see `positional_encoding`.
 
     Call arguments:
         inputs: `(batch, length, depth)`.

@@ -6,7 +6,7 @@
     model, source_tokenizer, target_tokenizer, decoding = keras_transformer.pretrained.load("opus-mt-en-de/")
 
 A checkpoint directory as Hugging Face saves it (see `checkpoint`) is read
-per family (`marian`: OPUS-MT), mapped onto options of our own layers, and
+per family (`marian`: OPUS-MT; `m2m100`), mapped onto options of our own layers, and
 decodes as the checkpoint says (`decoding_settings`: beam size, length limit
 and penalty, forbidden and forced tokens). Nothing outside this package
 knows Hugging Face's names. `keras-transformer import-hf` writes the result
@@ -15,7 +15,7 @@ as a run directory (`runs.translation.import_checkpoint`).
 
 import collections
 
-from keras_transformer.pretrained import marian
+from keras_transformer.pretrained import m2m100, marian
 from keras_transformer.pretrained.checkpoint import (
     CheckpointError,
     check_weights_readable,
@@ -27,7 +27,7 @@ from keras_transformer.pretrained.checkpoint import (
 from keras_transformer.pretrained.weights import WeightReader
 from keras_transformer.text.sentencepiece import ID_OFFSET
 
-FAMILIES = {marian.MODEL_TYPE: marian}
+FAMILIES = {marian.MODEL_TYPE: marian, m2m100.MODEL_TYPE: m2m100}
 
 # generate() settings that change the output and that our searches do not have, with the value that is
 # harmless: a checkpoint that sets another is refused rather than decoded differently.
@@ -52,8 +52,13 @@ _UNSUPPORTED_GENERATION = {
 Pretrained = collections.namedtuple("Pretrained", ["model", "source_tokenizer", "target_tokenizer", "decoding"])
 
 
-def family_of(config):
+def family_of(config, checkpoint_dir):
+    from keras_transformer.pretrained.checkpoint import read_json_file
+
     model_type = config.get("model_type")
+    tokenizer_class = read_json_file(checkpoint_dir, "tokenizer_config.json", required=False).get("tokenizer_class")
+    if tokenizer_class in ("NllbTokenizer", "NllbTokenizerFast"):
+        raise CheckpointError("NLLB checkpoints are not supported yet (their tokenizer); M2M100 and Marian ones are")
     if model_type not in FAMILIES:
         raise CheckpointError(
             f"model_type={model_type!r} is not supported: this version imports {', '.join(sorted(FAMILIES))} checkpoints"
@@ -100,8 +105,8 @@ def decoding_settings(generation, config, model):
         "beam_size": int(generation.get("num_beams") or 1),
         "length_alpha": float(generation.get("length_penalty", 1.0)),
         "length_penalty_kind": "hf",
-        # Hugging Face's beam search runs on after num_beams hypotheses have ended.
-        "stop_when_beam_full": False,
+        # Hugging Face's beam search runs on after num_beams hypotheses have ended, unless early_stopping is true.
+        "stop_when_beam_full": generation.get("early_stopping") is True,
         "max_output_length": min(int(max_output), model.max_length),
         # No limit relative to the source's length: Hugging Face has none.
         "max_extra_length": model.max_length,
@@ -114,7 +119,7 @@ def decoding_settings(generation, config, model):
     }
 
 
-def load(checkpoint_dir, target_lang=None):
+def load(checkpoint_dir, source_lang=None, target_lang=None):
     """`Pretrained(model, source_tokenizer, target_tokenizer, decoding)` of a Hugging Face checkpoint directory.
 
     Everything that can be refused (an unknown family, a setting we cannot
@@ -128,16 +133,22 @@ def load(checkpoint_dir, target_lang=None):
     from keras_transformer import models
 
     config = read_config(checkpoint_dir)
-    family = family_of(config)
+    family = family_of(config, checkpoint_dir)
     settings = family.transformer_settings(config)
     generation = generation_settings(checkpoint_dir, config)
     check_generation(generation)
     weights_file(checkpoint_dir)
     check_weights_readable(checkpoint_dir)
-    source_tokenizer, target_tokenizer = family.tokenizers(checkpoint_dir, config, target_lang=target_lang)
+    source_tokenizer, target_tokenizer = family.tokenizers(
+        checkpoint_dir, config, source_lang=source_lang, target_lang=target_lang
+    )
     model = models.Transformer(**settings)
     model.build(((None, None), (None, None)))
     decoding = decoding_settings(generation, config, model)
+    if target_tokenizer.prefix_ids:
+        # A target side framed by its language's token starts every output with it (M2M100's
+        # forced_bos_token_id, which Hugging Face users pass to generate themselves).
+        decoding["token_rules"]["forced_first"] = target_tokenizer.prefix_ids[0]
     if decoding["token_rules"]["forced_first"] is None and target_tokenizer.start_id is None:
         raise CheckpointError("the checkpoint names no decoder_start_token_id")
     family.assign_weights(model, WeightReader(read_weights(checkpoint_dir)), config)
@@ -153,7 +164,7 @@ def translator_arguments(decoding):
     return arguments
 
 
-def load_translator(checkpoint_dir, target_lang=None, **overrides):
+def load_translator(checkpoint_dir, source_lang=None, target_lang=None, **overrides):
     """A ready `inference.Translator` for a Hugging Face checkpoint directory (`overrides`: e.g. `beam_size=1`).
 
     Example:
@@ -162,7 +173,7 @@ def load_translator(checkpoint_dir, target_lang=None, **overrides):
     """
     from keras_transformer.inference import Translator
 
-    model, source_tokenizer, target_tokenizer, decoding = load(checkpoint_dir, target_lang=target_lang)
+    model, source_tokenizer, target_tokenizer, decoding = load(checkpoint_dir, source_lang, target_lang)
     return Translator(model, source_tokenizer, target_tokenizer, **{**translator_arguments(decoding), **overrides})
 
 

@@ -95,6 +95,30 @@ def set_layer(layer, read, prefix, decoder=False):
     set_norm(layer.feed_forward.norm, read, f"{prefix}.final_layer_norm")
 
 
+def set_embeddings_and_layers(model, read):
+    """The token embeddings (shared or per side) and every encoder and decoder layer."""
+    if model.share_embeddings:
+        name = "model.shared.weight" if read.has("model.shared.weight") else "model.encoder.embed_tokens.weight"
+        assign(model.encoder.embedding.embeddings, with_our_padding_row(read(name)), name)
+    else:
+        for stack, name in ((model.encoder, "model.encoder.embed_tokens.weight"),
+                            (model.decoder, "model.decoder.embed_tokens.weight")):
+            assign(stack.embedding.embeddings, with_our_padding_row(read(name)), name)
+    for index, layer in enumerate(model.encoder.encoder_layers):
+        set_layer(layer, read, f"model.encoder.layers.{index}")
+    for index, layer in enumerate(model.decoder.decoder_layers):
+        set_layer(layer, read, f"model.decoder.layers.{index}", decoder=True)
+
+
+def set_output(model, read, bias):
+    """The pre-softmax projection: tied to the target embeddings (plus `bias`), or `lm_head` of its own."""
+    if model.tie_output:
+        assign(model.output_bias, with_our_padding_bias(bias), "the output bias")
+    else:
+        assign(model.output_projection.kernel, with_our_padding_row(read("lm_head.weight")).T, "lm_head.weight")
+        assign(model.output_projection.bias, with_our_padding_bias(bias), "the output bias")
+
+
 def with_our_padding_row(embeddings):
     """`(vocab, d)` checkpoint embeddings -> `(vocab + 1, d)`: our padding id 0 first (zeros), theirs moved up one."""
     return np.concatenate([np.zeros((ID_OFFSET,) + embeddings.shape[1:], np.float32), embeddings], axis=0)

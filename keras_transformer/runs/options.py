@@ -290,8 +290,9 @@ OPTIONS = (
     Option("model", "num_heads", int, "attention heads"),
     Option("model", "d_ff", int, "the feed-forward layers' width"),
     Option("model", "dropout", float, "dropout rate"),
-    Option("model", "position", help="sinusoidal (the paper's), sinusoidal_halves (the same in Marian's layout) "
-           "or learned positions", choices=("sinusoidal", "sinusoidal_halves", "learned"),
+    Option("model", "position", help="sinusoidal (the paper's), sinusoidal_halves (the same in Marian's layout), "
+           "sinusoidal_fairseq (M2M100's) or learned positions",
+           choices=("sinusoidal", "sinusoidal_halves", "sinusoidal_fairseq", "learned"),
            tasks=_TRANSLATION),
     Option("model", "share_embeddings", bool, "one embedding for source and target (needs --shared-vocab)",
            tasks=_TRANSLATION),

@@ -138,7 +138,7 @@ PRETRAINED_TOKENIZERS = "pretrained"
 _INHERITED_SECTIONS = ("tokenizer", "model")
 
 
-def import_checkpoint(checkpoint_dir, run_dir, target_lang=None):
+def import_checkpoint(checkpoint_dir, run_dir, source_lang=None, target_lang=None):
     """Write a Hugging Face checkpoint directory as the translation run `run_dir`; returns its config.
 
     The run is like a trained one with its epochs done: `translate`,
@@ -152,7 +152,7 @@ def import_checkpoint(checkpoint_dir, run_dir, target_lang=None):
     if os.path.exists(run_dir):
         raise FileExistsError(f"{run_dir} already exists: pick a new run directory")
     started = time.time()
-    model, source_tokenizer, target_tokenizer, decoding = pretrained.load(checkpoint_dir, target_lang=target_lang)
+    model, source_tokenizer, target_tokenizer, decoding = pretrained.load(checkpoint_dir, source_lang, target_lang)
     model_config = {key: value for key, value in model.get_config().items()
                     if key in models.Transformer.hyperparameters and key not in ("src_vocab_size", "tgt_vocab_size",
                                                                                 "max_length")}
@@ -161,7 +161,8 @@ def import_checkpoint(checkpoint_dir, run_dir, target_lang=None):
         "model": {"preset": None, **model_config},
         "training": {"epochs": 0, "max_length": model.max_length, "precision": "float32"},
         "evaluation": decoding,
-        "pretrained": {"checkpoint": os.path.abspath(checkpoint_dir), "target_lang": target_lang},
+        "pretrained": {"checkpoint": os.path.abspath(checkpoint_dir), "source_lang": source_lang,
+                       "target_lang": target_lang},
     })
     parent = os.path.dirname(os.path.abspath(run_dir))
     os.makedirs(parent, exist_ok=True)

@@ -1,0 +1,96 @@
+"""M2M100 checkpoints (Hugging Face `M2M100ForConditionalGeneration`, fairseq's many-to-many model) as our Transformer.
+
+M2M100 differs from Marian (and the paper) where fairseq does, each an option of ours:
+
+    pre-LN layers, a LayerNorm after each stack   norm_first=True (the stacks' final_norm)
+    fairseq's sinusoids, first position 2         position="sinusoidal_fairseq"
+    decoding starts from </s>                     the target tokenizer's start token
+    the target language is the first output       the target tokenizer's prefix, forced at step 0
+    no output bias                                output_bias zeros
+
+Its tokenizer is one SentencePiece model (`sentencepiece.bpe.model`) with a
+fairseq dictionary (`vocab.json`: <s> <pad> </s> <unk>, then the pieces);
+the language codes `__en__`, `__de__`, ... follow the dictionary, in
+fairseq's order, then eight "madeup words" fill the model's vocabulary.
+A source is `__src__ pieces </s>`; a target `__tgt__ pieces </s>`.
+"""
+
+import numpy as np
+
+from keras_transformer.pretrained import settings
+from keras_transformer.pretrained.checkpoint import CheckpointError, read_json_file
+from keras_transformer.pretrained.weights import set_embeddings_and_layers, set_norm, set_output
+from keras_transformer.text.sentencepiece import ID_OFFSET, SentencePieceTokenizer
+
+MODEL_TYPE = "m2m_100"
+SPM, VOCAB, TOKENIZER_CONFIG = "sentencepiece.bpe.model", "vocab.json", "tokenizer_config.json"
+TOKENIZER_FILES = f"{SPM} and {VOCAB}"
+# fairseq's language codes, in the order that numbers them after the dictionary (the tokenizer's
+# `language_codes` setting names the list).
+LANGUAGE_CODES = {
+    "m2m100": (
+        "af am ar ast az ba be bg bn br bs ca ceb cs cy da de el en es et fa ff fi fr fy ga gd gl gu ha he hi hr "
+        "ht hu hy id ig ilo is it ja jv ka kk km kn ko lb lg ln lo lt lv mg mk ml mn mr ms my ne nl no ns oc or "
+        "pa pl ps pt ro ru sd si sk sl so sq sr ss su sv sw ta th tl tn tr uk ur uz vi wo xh yi yo zh zu"
+    ).split(),
+    "wmt21": "en ha is ja cs ru zh de".split(),
+}
+
+
+def transformer_settings(config):
+    """`models.Transformer` arguments for an M2M100 `config.json` (refused in one line where ours cannot follow)."""
+    return settings.transformer_settings(config, norm_first=True, position="sinusoidal_fairseq")
+
+
+def _language_token(code, codes, side):
+    if code not in codes:
+        raise CheckpointError(f"--{side}-lang {code}: this model's languages are {', '.join(codes)}")
+    return f"__{code}__"
+
+
+def tokenizers(directory, config, source_lang=None, target_lang=None):
+    """`(source, target)` `SentencePieceTokenizer`s that give the ids `M2M100Tokenizer` gives.
+
+    `source_lang`, `target_lang`: fairseq codes ("en", "de"); default the
+    tokenizer's `src_lang` and `tgt_lang`. Every output starts with the
+    target language's token (Hugging Face's `forced_bos_token_id`).
+    """
+    tokenizer_config = read_json_file(directory, TOKENIZER_CONFIG, required=False)
+    codes = LANGUAGE_CODES.get(tokenizer_config.get("language_codes", "m2m100"))
+    if codes is None:
+        raise CheckpointError(f"language_codes={tokenizer_config['language_codes']!r} is not supported")
+    source_lang = source_lang or tokenizer_config.get("src_lang") or "en"
+    target_lang = target_lang or tokenizer_config.get("tgt_lang")
+    if not target_lang:
+        raise CheckpointError("an M2M100 model translates into the language it is told: give --target-lang")
+    dictionary = settings.read_vocab(directory, VOCAB)
+    language_tokens = [f"__{code}__" for code in codes]
+    madeup = [f"madeupword{index:04d}" for index in range(config["vocab_size"] - len(dictionary) - len(codes))]
+    vocab = dictionary + language_tokens + madeup
+    if len(vocab) != config["vocab_size"]:
+        raise CheckpointError(
+            f"{VOCAB} and the language codes make {len(vocab)} tokens but the model has {config['vocab_size']}"
+        )
+    model = settings.read_bytes(directory, SPM, TOKENIZER_FILES)
+    special = dict(
+        unk_token=tokenizer_config.get("unk_token", "<unk>"), end_token=tokenizer_config.get("eos_token", "</s>"),
+        pad_token=tokenizer_config.get("pad_token", "<pad>"),
+        # Dropped from decoded text, as transformers 4 did (5.24 leaves "__de__" in it).
+        special_tokens=["<s>"] + language_tokens,
+    )
+    source = SentencePieceTokenizer(
+        model, vocab, prefix_tokens=[_language_token(source_lang, codes, "source")], **special
+    )
+    target = SentencePieceTokenizer(
+        model, vocab, start_token=vocab[config["decoder_start_token_id"]],
+        prefix_tokens=[_language_token(target_lang, codes, "target")], **special,
+    )
+    return source, target
+
+
+def assign_weights(model, read, config):
+    """Copy the checkpoint's tensors (`read(name)`) into `model`, built with `transformer_settings(config)`."""
+    set_embeddings_and_layers(model, read)
+    set_norm(model.encoder.final_norm, read, "model.encoder.layer_norm")
+    set_norm(model.decoder.final_norm, read, "model.decoder.layer_norm")
+    set_output(model, read, np.zeros([model.tgt_vocab_size - ID_OFFSET]))
