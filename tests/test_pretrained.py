@@ -292,6 +292,24 @@ def test_fine_tuning_an_imported_run_trains_its_weights_with_its_tokenizers(impo
     assert cli_here("translate", out, "A man.").stdout.strip()
 
 
+@pytest.mark.parametrize("name", ["marian-shared-swish", "m2m100-en-de"])
+def test_the_ctranslate2_export_of_an_imported_run_translates_as_hugging_face(name, tmp_path):
+    """Our CTranslate2 conversion keeps the checkpoint's start row, positions, bias and token rules.
+
+    (CTranslate2's own converter starts Marian's decoder from a zero vector, as real OPUS-MT
+    checkpoints' <pad> row is: on these fixtures, whose row is random on purpose, it differs.)
+    """
+    pytest.importorskip("ctranslate2")
+    want, _ = expected(name)
+    run_dir = tmp_path / "run"
+    translation.import_checkpoint(str(FIXTURES / name), str(run_dir))
+    translation.export_ctranslate2(str(run_dir), str(tmp_path / "ct2"))
+    greedy = translation.translate_with_ctranslate2(str(tmp_path / "ct2"), want["sources"], beam_size=1)
+    assert greedy[:-1] == want["greedy"]["text"][:-1] and greedy[-1] == ""
+    beam = translation.translate_with_ctranslate2(str(tmp_path / "ct2"), want["sources"])
+    assert sum(ours_ == hf for ours_, hf in zip(beam[:-1], want["beam4"]["text"][:-1])) >= 0.9 * (len(beam) - 1)
+
+
 # -- Hugging Face itself, when it is installed ---------------------------------------------------------
 
 

@@ -6,7 +6,7 @@ serving time. `export_ctranslate2` writes our `Transformer` in its format,
 and beside it what is needed to turn text into its tokens and back:
 
     OUT/model.bin, config.json, source_vocabulary.json, target_vocabulary.json   (CTranslate2's)
-    OUT/tokenizers/source/, OUT/tokenizers/target/                               (our WordPiece tokenizers)
+    OUT/tokenizers/source/, OUT/tokenizers/target/        (the run's tokenizers: WordPiece, or a checkpoint's)
     OUT/keras_transformer.json                        (decoding settings, sizes, quantization)
 
 `CTranslate2Translator(OUT)` translates text with it: our tokenizer makes
@@ -20,6 +20,11 @@ settings that do not default to ours are given: LayerNorm's epsilon (1e-6;
 its default is 1e-5) and the position table (ours, sinusoidal or learned,
 from position 0). What CTranslate2 cannot run (sliding-window or predictive
 local attention) is refused by name.
+
+An imported checkpoint converts the same way, with its own special tokens,
+position table (Marian's or fairseq's layout) and token rules (bad words
+suppressed, a target language as the target prefix, [END] at the limit):
+its greedy output is Hugging Face's (tested).
 
 Greedy search gives our translations token for token (tested). Beam search
 differs in its rules: CTranslate2 divides a hypothesis' log-probability by
@@ -37,7 +42,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer.saving import first_line
-from keras_transformer.text import WordPieceTokenizer
+from keras_transformer.text import load_tokenizer
 
 SETTINGS = "keras_transformer.json"
 TOKENIZERS = "tokenizers"
@@ -57,18 +62,28 @@ def check_convertible(model):
     """A ValueError naming what of `model` CTranslate2 cannot run (nothing: it converts)."""
     if model.activation not in _ACTIVATIONS:
         raise ValueError(f"CTranslate2 has no {model.activation!r} activation; it runs {sorted(_ACTIVATIONS)}")
-    if model.position not in ("sinusoidal", "learned"):
-        raise ValueError(
-            f"this export writes our own models' positions, not {model.position!r} ones: for an imported "
-            "checkpoint, use CTranslate2's own converter on the checkpoint (ct2-transformers-converter --model DIR)"
-        )
     local = [name for name in ("sliding_window", "cross_attention_window") if getattr(model, name) is not None]
     if local:
         raise ValueError(f"CTranslate2 cannot run local attention ({', '.join(local)}); export a SavedModel instead")
 
 
-def model_spec(model, source_vocab, target_vocab):
-    """CTranslate2's `TransformerSpec` of `model` (a float32 `keras_transformer.models.Transformer`), validated."""
+# Our own vocabularies' special tokens; a pretrained checkpoint's come from its tokenizers.
+OUR_SPECIAL_TOKENS = {"unk_token": "[UNK]", "bos_token": "[START]", "eos_token": "[END]", "decoder_start_token": "[START]"}
+
+
+def special_tokens(source_tokenizer, target_tokenizer):
+    """CTranslate2's names for the tokenizers' unknown, start and end tokens."""
+    vocab = target_tokenizer.vocab
+    start = vocab[target_tokenizer.start_id]
+    return {"unk_token": vocab[target_tokenizer.unk_id], "bos_token": start, "eos_token": vocab[target_tokenizer.end_id],
+            "decoder_start_token": start}
+
+
+def model_spec(model, source_vocab, target_vocab, special=None):
+    """CTranslate2's `TransformerSpec` of `model` (a float32 `keras_transformer.models.Transformer`), validated.
+
+    `special`: CTranslate2's unk/bos/eos/decoder-start token names (`special_tokens`; default ours).
+    """
     from ctranslate2.specs import common_spec, transformer_spec
 
     check_convertible(model)
@@ -112,17 +127,16 @@ def model_spec(model, source_vocab, target_vocab):
         embedding = stack.embedding.position_embedding
         if model.position == "learned":
             return array(embedding.position_embeddings)
-        from keras_transformer.layers.positional import positional_encoding
-
-        return np.array(positional_encoding(model.max_length, model.d_model), np.float32)
+        # The sinusoids as the layer built them: the paper's, Marian's or fairseq's layout.
+        return np.array(embedding.encoding, np.float32)
 
     spec = transformer_spec.TransformerSpec.from_config(
         model.num_layers, model.num_heads, pre_norm=model.norm_first,
         activation=getattr(common_spec.Activation, _ACTIVATIONS[model.activation]),
     )
     spec.config.layer_norm_epsilon = model.epsilon
-    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = "[UNK]", "[START]", "[END]"
-    spec.config.decoder_start_token = "[START]"
+    for name, token in (special or OUR_SPECIAL_TOKENS).items():
+        setattr(spec.config, name, token)
     spec.encoder.embeddings[0].weight = array(model.encoder.embedding.embeddings)
     spec.decoder.embeddings.weight = array(model.decoder.embedding.embeddings)
     spec.encoder.position_encodings.encodings = positions(model.encoder)
@@ -174,7 +188,9 @@ def export_ctranslate2(translator, out_dir, quantization=None):
     import ctranslate2
 
     model = translator.model
-    spec = model_spec(model, translator.source_tokenizer.vocab, translator.target_tokenizer.vocab)
+    source_tokenizer, target_tokenizer = translator.source_tokenizer, translator.target_tokenizer
+    spec = model_spec(model, source_tokenizer.vocab, target_tokenizer.vocab,
+                      special_tokens(source_tokenizer, target_tokenizer))
     spec.optimize(quantization=quantization)
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
@@ -190,6 +206,12 @@ def export_ctranslate2(translator, out_dir, quantization=None):
             "max_extra_length": translator.max_extra_length,
             "max_output_length": translator.max_output_length,
             "max_source_length": model.max_length,
+            # The search's token rules, as CTranslate2 takes them (token strings): never generated, forced first.
+            "never_tokens": [target_tokenizer.vocab[token_id] for token_id in translator.rules.never],
+            "forced_first_token": None if translator.rules.forced_first is None
+            else target_tokenizer.vocab[translator.rules.forced_first],
+            "end_at_limit": translator.rules.end_at_limit,
+            "source_frame_length": source_tokenizer.frame_length,
             "quantization": quantization or "float32",
             "ctranslate2": ctranslate2.__version__,
         }
@@ -233,8 +255,8 @@ class CTranslate2Translator:
             raise ValueError(f"{settings_path} is damaged: {first_line(error)}") from None
         if missing:
             raise ValueError(f"{settings_path} is damaged: it lacks {', '.join(missing)}")
-        self.source_tokenizer = WordPieceTokenizer.load(os.path.join(model_dir, TOKENIZERS, "source"))
-        self.target_tokenizer = WordPieceTokenizer.load(os.path.join(model_dir, TOKENIZERS, "target"))
+        self.source_tokenizer = load_tokenizer(os.path.join(model_dir, TOKENIZERS, "source"))
+        self.target_tokenizer = load_tokenizer(os.path.join(model_dir, TOKENIZERS, "target"))
         # Traced once: run eagerly, the ragged tokenizer ops cost about 80 ms a call, far more than
         # CTranslate2 takes to translate a short sentence.
         self._tokenize = tf.function(self.source_tokenizer.tokenize, input_signature=[tf.TensorSpec([None], tf.string)])
@@ -242,6 +264,9 @@ class CTranslate2Translator:
             self.target_tokenizer.detokenize, input_signature=[tf.TensorSpec([None, None], tf.int32)]
         )
         self._target_index = {token: position for position, token in enumerate(self.target_tokenizer.vocab)}
+        # Exports made before token rules were recorded: our own models' rules.
+        self._suppressed = [[token] for token in self.settings.get("never_tokens", ["[PAD]", "[START]"])]
+        self._prefix = [self.settings["forced_first_token"]] if self.settings.get("forced_first_token") else []
         try:
             self.translator = ctranslate2.Translator(
                 model_dir, device="cpu", compute_type=compute_type, inter_threads=1, intra_threads=threads
@@ -267,11 +292,15 @@ class CTranslate2Translator:
         call: greedy search runs once at the longest limit and cuts each
         output to its own (exactly what a search with that limit writes);
         beam search, where a longer limit changes which hypothesis wins, runs
-        once per distinct limit. [PAD] and [START] are never produced, as in
-        our searches.
+        once per distinct limit. What our searches never produce ([PAD] and
+        [START]; a checkpoint's bad words) CTranslate2 suppresses, and a forced
+        first token (a target language) is its target prefix.
         """
         limits = [min(len(source) + self.settings["max_extra_length"], self.settings["max_output_length"])
                   for source in sources]
+        if self.settings.get("end_at_limit"):
+            # The last position is [END]'s (forced): CTranslate2 has no such rule, so it stops one before.
+            limits = [limit - 1 for limit in limits]
         groups = {max(limits): list(range(len(sources)))} if beam_size == 1 else {}
         if beam_size > 1:
             for index, limit in enumerate(limits):
@@ -281,7 +310,8 @@ class CTranslate2Translator:
             results = self.translator.translate_batch(
                 [sources[index] for index in indices], beam_size=beam_size, max_batch_size=batch_size,
                 length_penalty=self.settings["length_alpha"] if beam_size > 1 else 0,
-                max_decoding_length=limit, min_decoding_length=0, suppress_sequences=[["[PAD]"], ["[START]"]],
+                max_decoding_length=limit, min_decoding_length=0, suppress_sequences=self._suppressed,
+                target_prefix=[self._prefix] * len(indices) if self._prefix else None,
             )
             for index, result in zip(indices, results):
                 hypotheses[index] = result.hypotheses[0][: limits[index]]
@@ -300,5 +330,6 @@ class CTranslate2Translator:
             padded = np.array([row + [0] * (width - len(row)) for row in ids], "int32")
             decoded = self._detokenize(padded).numpy()
             # [START] and [END] alone: nothing to translate, as ours.
-            translations += [text.decode("utf-8") if len(source) > 2 else "" for text, source in zip(decoded, sources)]
+            frame = self.settings.get("source_frame_length", 2)
+            translations += [text.decode("utf-8") if len(source) > frame else "" for text, source in zip(decoded, sources)]
         return translations
