@@ -79,31 +79,55 @@ def check_weights_readable(directory):
             ) from None
 
 
+class LazyWeights:
+    """`{name: float32 array}` over safetensors files, each tensor read from disk when asked for.
+
+    Holding every tensor at once would double an import's memory (the
+    checkpoint's arrays beside the model's variables); read one at a time,
+    each is freed once copied into its variable.
+    """
+
+    def __init__(self, files):
+        from safetensors import safe_open
+
+        self._files = {}
+        for file in files:
+            try:
+                handle = safe_open(file, framework="np")
+            except Exception as error:  # safetensors raises its own error types for damaged files
+                raise CheckpointError(f"{file} cannot be read as safetensors ({first_line(error)})") from None
+            self._files.update({name: handle for name in handle.keys()})
+
+    def __contains__(self, name):
+        return name in self._files
+
+    def __getitem__(self, name):
+        return _widened(self._files[name].get_tensor(name))
+
+    def keys(self):
+        return self._files.keys()
+
+
 def read_weights(directory):
-    """`{name: float32 array}`: every tensor of the checkpoint (float16 and bfloat16 ones widened)."""
+    """`{name: float32 array}` of the checkpoint's tensors (float16 and bfloat16 ones widened), read lazily."""
     name = weights_file(directory)
     path = os.path.join(directory, name)
     if name == PYTORCH_BIN:
         check_weights_readable(directory)
         import torch
 
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         return {key: value.float().numpy() if value.is_floating_point() else value.numpy()
                 for key, value in state.items()}
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
-
     files = [path]
     if name == SAFETENSORS_INDEX:
         index = read_json_file(directory, SAFETENSORS_INDEX)
         files = [os.path.join(directory, shard) for shard in sorted(set(index.get("weight_map", {}).values()))]
-    weights = {}
-    for file in files:
-        try:
-            weights.update(load_file(file))
-        except (SafetensorError, OSError) as error:
-            raise CheckpointError(f"{file} cannot be read as safetensors ({error})") from None
-    return {key: _widened(value) for key, value in weights.items()}
+    return LazyWeights(files)
+
+
+def first_line(error):
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def _widened(array):

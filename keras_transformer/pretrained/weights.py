@@ -38,7 +38,7 @@ class WeightReader:
         return name in self.weights
 
     def unused(self):
-        return sorted(set(self.weights) - self.used)
+        return sorted(set(self.weights.keys()) - self.used)
 
 
 def assign(variable, value, name):
