@@ -204,14 +204,15 @@ def build_parser():
     plot.set_defaults(handler=_plot_attention)
 
     imported = commands.add_parser(
-        "import-hf", help="a pretrained Hugging Face translation checkpoint (OPUS-MT, M2M100) as a run directory"
+        "import-hf", help="a pretrained Hugging Face translation checkpoint (OPUS-MT, M2M100, NLLB) as a run directory"
     )
     imported.add_argument("checkpoint_dir", help="a directory as Hugging Face saves a checkpoint (config.json, "
                           "model.safetensors or pytorch_model.bin, the tokenizer files)")
     imported.add_argument("run_dir", help="the new run directory (must not exist yet)")
-    imported.add_argument("--source-lang", metavar="CODE", help="M2M100: the language of the texts (e.g. en)")
-    imported.add_argument("--target-lang", metavar="CODE", help="the language to translate into: M2M100's code "
-                          "(e.g. de), or a multilingual OPUS-MT model's >>CODE<< token put before every text")
+    imported.add_argument("--source-lang", metavar="CODE", help="M2M100, NLLB: the language of the texts (en; "
+                          "eng_Latn)")
+    imported.add_argument("--target-lang", metavar="CODE", help="the language to translate into: M2M100's or NLLB's "
+                          "code (de; deu_Latn), or a multilingual OPUS-MT model's >>CODE<< token put before every text")
     imported.set_defaults(handler=_import_hf)
 
     average = commands.add_parser(

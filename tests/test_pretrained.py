@@ -25,7 +25,7 @@ from keras_transformer.pretrained import CheckpointError, marian
 from keras_transformer.runs import translation
 
 FIXTURES = Path(__file__).parent / "fixtures" / "pretrained"
-CHECKPOINTS = ("marian-shared-swish", "marian-separate-relu", "m2m100-en-de")
+CHECKPOINTS = ("marian-shared-swish", "marian-separate-relu", "m2m100-en-de", "nllb-en-de")
 DATA = Path(os.environ.get("KERAS_TRANSFORMER_DATA", Path(__file__).parents[2] / "shared" / "data"))
 
 
@@ -91,6 +91,16 @@ def test_token_ids_equal_marian_tokenizers_on_a_real_checkpoint():
     assert decoded == [different.get(str(index), sentence) for index, sentence in enumerate(sentences)]
     random_decoded = target.detokenize(tf.ragged.constant([ours(row) for row in recorded["random_ids"]])).numpy()
     assert [text.decode() for text in random_decoded] == recorded["random_decoded"]
+
+
+def test_nllb_token_ids_equal_nllb_tokenizers_spaces_unicode_and_unknowns_included():
+    """NLLB's tokenizer is a `tokenizers` pipeline around the BPE; ours splits at spaces as its Metaspace does."""
+    recorded = json.loads((FIXTURES / "nllb-en-de" / "tokens.json").read_text())
+    config = json.loads((FIXTURES / "nllb-en-de" / "config.json").read_text())
+    source, target = pretrained.m2m100.tokenizers(str(FIXTURES / "nllb-en-de"), config)
+    assert [theirs(row) for row in source.tokenize(tf.constant(recorded["sentences"])).to_list()] == recorded["ids"]
+    decoded = target.detokenize(tf.ragged.constant([ours(row) for row in recorded["ids"]])).numpy()
+    assert [text.decode() for text in decoded] == recorded["decoded"]
 
 
 # -- the model, against Hugging Face's recorded outputs ---------------------------------------------
@@ -217,7 +227,7 @@ def test_refusals_come_in_one_line_and_write_nothing(imported_run, tmp_path):
     refused(FIXTURES / "marian-shared-swish", "the vocabulary has no >>fra<<", "--target-lang", "fra")
     refused(FIXTURES / "marian-shared-swish", "--source-lang is for M2M100", "--source-lang", "en")
     refused(FIXTURES / "m2m100-en-de", "--target-lang xx: this model's languages are af, am", "--target-lang", "xx")
-    refused(edited("tokenizer_config.json", tokenizer_class="NllbTokenizer"), "NLLB checkpoints are not supported yet")
+    refused(FIXTURES / "nllb-en-de", "--target-lang deu: this model's languages are", "--target-lang", "deu")
     weightless = tmp_path / "weightless"
     shutil.copytree(FIXTURES / "marian-shared-swish", weightless, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
     refused(weightless, "has no weights")

@@ -6,7 +6,7 @@
     model, source_tokenizer, target_tokenizer, decoding = keras_transformer.pretrained.load("opus-mt-en-de/")
 
 A checkpoint directory as Hugging Face saves it (see `checkpoint`) is read
-per family (`marian`: OPUS-MT; `m2m100`), mapped onto options of our own layers, and
+per family (`marian`: OPUS-MT; `m2m100`: M2M100 and NLLB), mapped onto options of our own layers, and
 decodes as the checkpoint says (`decoding_settings`: beam size, length limit
 and penalty, forbidden and forced tokens). Nothing outside this package
 knows Hugging Face's names. `keras-transformer import-hf` writes the result
@@ -52,13 +52,8 @@ _UNSUPPORTED_GENERATION = {
 Pretrained = collections.namedtuple("Pretrained", ["model", "source_tokenizer", "target_tokenizer", "decoding"])
 
 
-def family_of(config, checkpoint_dir):
-    from keras_transformer.pretrained.checkpoint import read_json_file
-
+def family_of(config):
     model_type = config.get("model_type")
-    tokenizer_class = read_json_file(checkpoint_dir, "tokenizer_config.json", required=False).get("tokenizer_class")
-    if tokenizer_class in ("NllbTokenizer", "NllbTokenizerFast"):
-        raise CheckpointError("NLLB checkpoints are not supported yet (their tokenizer); M2M100 and Marian ones are")
     if model_type not in FAMILIES:
         raise CheckpointError(
             f"model_type={model_type!r} is not supported: this version imports {', '.join(sorted(FAMILIES))} checkpoints"
@@ -133,7 +128,7 @@ def load(checkpoint_dir, source_lang=None, target_lang=None):
     from keras_transformer import models
 
     config = read_config(checkpoint_dir)
-    family = family_of(config, checkpoint_dir)
+    family = family_of(config)
     settings = family.transformer_settings(config)
     generation = generation_settings(checkpoint_dir, config)
     check_generation(generation)

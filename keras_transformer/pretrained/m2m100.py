@@ -13,7 +13,14 @@ fairseq dictionary (`vocab.json`: <s> <pad> </s> <unk>, then the pieces);
 the language codes `__en__`, `__de__`, ... follow the dictionary, in
 fairseq's order, then eight "madeup words" fill the model's vocabulary.
 A source is `__src__ pieces </s>`; a target `__tgt__ pieces </s>`.
+
+NLLB is the same model with another tokenizer (`NllbTokenizer`): a BPE
+SentencePiece model whose pieces `tokenizer.json` numbers, and 202 codes
+such as `eng_Latn` among its added tokens, framed the same way.
 """
+
+import json
+import re
 
 import numpy as np
 
@@ -23,7 +30,11 @@ from keras_transformer.pretrained.weights import set_embeddings_and_layers, set_
 from keras_transformer.text.sentencepiece import ID_OFFSET, SentencePieceTokenizer
 
 MODEL_TYPE = "m2m_100"
-SPM, VOCAB, TOKENIZER_CONFIG = "sentencepiece.bpe.model", "vocab.json", "tokenizer_config.json"
+SPM, VOCAB, TOKENIZER_CONFIG, TOKENIZER_JSON = (
+    "sentencepiece.bpe.model", "vocab.json", "tokenizer_config.json", "tokenizer.json"
+)
+NLLB_TOKENIZERS = ("NllbTokenizer", "NllbTokenizerFast")
+NLLB_LANGUAGE = re.compile(r"^[a-z]{3}_[A-Z][a-z]{3}$")  # eng_Latn, zho_Hans, ...
 TOKENIZER_FILES = f"{SPM} and {VOCAB}"
 # fairseq's language codes, in the order that numbers them after the dictionary (the tokenizer's
 # `language_codes` setting names the list).
@@ -56,6 +67,8 @@ def tokenizers(directory, config, source_lang=None, target_lang=None):
     target language's token (Hugging Face's `forced_bos_token_id`).
     """
     tokenizer_config = read_json_file(directory, TOKENIZER_CONFIG, required=False)
+    if tokenizer_config.get("tokenizer_class") in NLLB_TOKENIZERS:
+        return _nllb_tokenizers(directory, config, tokenizer_config, source_lang, target_lang)
     codes = LANGUAGE_CODES.get(tokenizer_config.get("language_codes", "m2m100"))
     if codes is None:
         raise CheckpointError(f"language_codes={tokenizer_config['language_codes']!r} is not supported")
@@ -84,6 +97,47 @@ def tokenizers(directory, config, source_lang=None, target_lang=None):
     target = SentencePieceTokenizer(
         model, vocab, start_token=vocab[config["decoder_start_token_id"]],
         prefix_tokens=[_language_token(target_lang, codes, "target")], **special,
+    )
+    return source, target
+
+
+def _nllb_tokenizers(directory, config, tokenizer_config, source_lang, target_lang):
+    """NLLB's `(source, target)`: the SentencePiece model segments, `tokenizer.json` numbers the pieces."""
+    if tokenizer_config.get("legacy_behaviour"):
+        raise CheckpointError("legacy_behaviour=true (the language code after </s>) is not supported")
+    numbered = read_json_file(directory, TOKENIZER_JSON)
+    try:
+        ids = dict(numbered["model"]["vocab"])
+        added = {token["content"]: token for token in numbered["added_tokens"]}
+    except (KeyError, TypeError):
+        raise CheckpointError(f"{TOKENIZER_JSON} has no model vocabulary and added tokens") from None
+    ids.update({content: token["id"] for content, token in added.items()})
+    vocab = [f"<unused{index}>" for index in range(config["vocab_size"])]  # ids no token names
+    for token, index in ids.items():
+        if not 0 <= index < len(vocab):
+            raise CheckpointError(f"{TOKENIZER_JSON} numbers {token!r} {index}, beyond the model's {len(vocab)} ids")
+        vocab[index] = token
+    specials = [content for content, token in added.items() if token.get("special")]
+    languages = [token for token in specials if NLLB_LANGUAGE.match(token)]
+
+    def language(code, side):
+        if code not in languages:
+            raise CheckpointError(f"--{side}-lang {code}: this model's languages are {', '.join(languages[:8])}, ...")
+        return code
+
+    source_lang = language(source_lang or tokenizer_config.get("src_lang") or "eng_Latn", "source")
+    target_lang = target_lang or tokenizer_config.get("tgt_lang")
+    if not target_lang:
+        raise CheckpointError("an NLLB model translates into the language it is told: give --target-lang (e.g. deu_Latn)")
+    target_lang = language(target_lang, "target")
+    model = settings.read_bytes(directory, SPM, f"{SPM} and {TOKENIZER_JSON}")
+    # tokenizers' pipeline around the BPE: Metaspace splits at every space; the normalizer may collapse runs.
+    normalizers = json.dumps(numbered.get("normalizer"))
+    special = dict(unk_token="<unk>", end_token="</s>", pad_token="<pad>", special_tokens=specials,
+                   strip_trailing_space=False, word_by_word=True, collapse_spaces=" {2,}" in normalizers)
+    source = SentencePieceTokenizer(model, vocab, prefix_tokens=[source_lang], **special)
+    target = SentencePieceTokenizer(
+        model, vocab, start_token=vocab[config["decoder_start_token_id"]], prefix_tokens=[target_lang], **special
     )
     return source, target
 

@@ -57,6 +57,15 @@ class SentencePieceTokenizer(tf.Module):
             text (default: `model`; a shared Marian vocabulary decodes with
             the source side's model, as Hugging Face does).
         special_tokens: further tokens dropped from decoded text.
+        strip_trailing_space: decoded text loses its trailing spaces too, as
+            Python's `str.strip` after SentencePiece's decoding (Marian,
+            M2M100); NLLB's decoder removes only the one space in front.
+        word_by_word: split the text at every space and segment each word
+            alone, an empty word (a space more) being the piece "▁": what a
+            `tokenizers` pipeline (NLLB's Metaspace pre-tokenizer) does, where
+            SentencePiece itself drops extra spaces.
+        collapse_spaces: with `word_by_word`, runs of spaces become one first
+            (NLLB's normalizer).
 
     Example:
     >>> tokenizer = SentencePieceTokenizer(open("source.spm", "rb").read(), vocab, "<unk>", "</s>")
@@ -76,6 +85,9 @@ class SentencePieceTokenizer(tf.Module):
         language_code_prefix=False,
         decode_model=None,
         special_tokens=(),
+        strip_trailing_space=True,
+        word_by_word=False,
+        collapse_spaces=False,
         name=None,
     ):
         super().__init__(name=name)
@@ -93,7 +105,8 @@ class SentencePieceTokenizer(tf.Module):
         self._settings_json = json.dumps(dict(
             unk_token=unk_token, end_token=end_token, start_token=start_token, pad_token=pad_token,
             prefix_tokens=list(prefix_tokens), language_code_prefix=language_code_prefix,
-            special_tokens=list(special_tokens),
+            special_tokens=list(special_tokens), strip_trailing_space=strip_trailing_space,
+            word_by_word=word_by_word, collapse_spaces=collapse_spaces,
         ))
         self.vocab = [OUR_PADDING] + vocab  # our id order
         self.pad_id = 0
@@ -190,7 +203,7 @@ class SentencePieceTokenizer(tf.Module):
                 tf.boolean_mask(self._ids.lookup(codes), has_code), tf.cast(has_code, tf.int64)
             )
             columns.append(code_ids)
-        pieces = self._encoder.tokenize(strings)
+        pieces = self._word_by_word(strings) if self.settings["word_by_word"] else self._encoder.tokenize(strings)
         columns.append(tf.ragged.map_flat_values(self._ids.lookup, pieces))
         if add_start_end:
             leading = ([self.start_id] if self.start_id is not None else []) + self.prefix_ids
@@ -199,6 +212,24 @@ class SentencePieceTokenizer(tf.Module):
             columns.append(_fixed_columns(rows, [self.end_id]))
         ids = tf.concat(columns, axis=1) if len(columns) > 1 else columns[0]
         return tf.cast(ids, tf.int32)
+
+    def _word_by_word(self, strings):
+        """Pieces of each space-separated word, a lone "▁" for each extra space (see `word_by_word`)."""
+        if self.settings["collapse_spaces"]:
+            strings = tf.strings.regex_replace(strings, " {2,}", " ")
+        words = tf.strings.split(strings, sep=" ")
+        # The text's leading space is the "▁" every first word has: an empty first word (which is
+        # also all an empty text splits into) is no word.
+        first = tf.ragged.range(words.row_lengths()) == 0
+        keep = ~(first & (words == ""))
+        words = tf.ragged.boolean_mask(words, keep)
+        word_pieces = self._encoder.tokenize(words)  # (batch, words, pieces)
+        per_word = word_pieces.values
+        empty = per_word.row_lengths() == 0
+        spaces = tf.RaggedTensor.from_row_lengths(
+            tf.fill([tf.reduce_sum(tf.cast(empty, tf.int32))], "\u2581"), tf.cast(empty, tf.int64)
+        )
+        return word_pieces.with_values(tf.concat([per_word, spaces], axis=1)).merge_dims(1, 2)
 
     def detokenize(self, ids):
         """Ids (dense or ragged, `(batch, length)`) -> `(batch,)` text, special tokens dropped."""
@@ -211,8 +242,10 @@ class SentencePieceTokenizer(tf.Module):
         kept = tf.ragged.boolean_mask(ids, ids.with_flat_values(~dropped))
         pieces = tf.ragged.map_flat_values(tf.gather, self._surfaces, kept)
         # SentencePiece's decoding of pieces: joined, "▁" is a space; then Hugging Face strips the ends.
-        strings = tf.strings.reduce_join(pieces, axis=-1)
-        return tf.strings.strip(tf.strings.regex_replace(strings, "\u2581", " "))
+        strings = tf.strings.regex_replace(tf.strings.reduce_join(pieces, axis=-1), "\u2581", " ")
+        if self.settings["strip_trailing_space"]:
+            return tf.strings.strip(strings)
+        return tf.strings.regex_replace(strings, "^ ", "")
 
     def id_to_token(self, ids):
         """Ids -> the checkpoint's token strings (same shape), for labelling attention maps."""
