@@ -138,6 +138,8 @@ def build_parser():
     evaluate.add_argument("--length-penalty", type=float, metavar="ALPHA", help="translation: default the run's")
     evaluate.add_argument("--csv", metavar="FILE", help="classification: a file with text and label columns "
                           "(default: the run's validation set)")
+    evaluate.add_argument("--tsv", metavar="FILE", help="translation: source<TAB>reference lines (default: the "
+                          "run's --split; an imported checkpoint has none)")
     evaluate.add_argument("--text", metavar="FILES", help="language model: these files' lines (default: the run's "
                           "validation texts)")
     evaluate.add_argument("--batch-size", type=int)
@@ -401,14 +403,16 @@ def _evaluate(arguments):
         if arguments.csv:
             raise ValueError(f"--csv is for classifier runs; {arguments.run_dir} is a translation run")
         scores, samples = task_module(task).evaluate(
-            arguments.run_dir, arguments.split, arguments.beam_size, arguments.batch_size, arguments.length_penalty
+            arguments.run_dir, arguments.split, arguments.beam_size, arguments.batch_size, arguments.length_penalty,
+            tsv=arguments.tsv,
         )
         _report_translation(scores, samples)
         print(f"\nhypotheses: {scores['hypotheses']}")
         print(json.dumps({key: scores[key] for key in ("bleu", "bleu_lowercase", "chrf")}))
-    elif arguments.beam_size or arguments.length_penalty is not None or arguments.split != "val":
+    elif arguments.beam_size or arguments.length_penalty is not None or arguments.split != "val" or arguments.tsv:
         raise ValueError(
-            f"--beam-size, --length-penalty and --split are for translation runs; {arguments.run_dir} is a {task} run"
+            f"--beam-size, --length-penalty, --split and --tsv are for translation runs; {arguments.run_dir} is a "
+            f"{task} run"
         )
     elif task == options.LANGUAGE_MODEL:
         if arguments.csv:

@@ -195,6 +195,12 @@ def test_an_imported_run_translates_as_hugging_face_from_the_cli(imported_run):
     assert result.stdout.splitlines() == want["greedy"]["text"][:4]
     result = cli_here("translate", imported_run, *want["sources"][:4])  # the checkpoint's beam 4
     assert result.stdout.splitlines() == want["beam4"]["text"][:4]
+    # BLEU on the user's own pairs (an imported run has no corpus of its own).
+    pairs = imported_run.parent / "pairs.tsv"
+    pairs.write_text("".join(f"{source}\t{text}\n" for source, text in zip(want["sources"][:4], want["beam4"]["text"][:4])))
+    result = cli_here("evaluate", imported_run, "--tsv", pairs)
+    assert json.loads(result.stdout.strip().splitlines()[-1])["bleu"] == 100.0
+    assert "give --tsv FILE" in cli_here("evaluate", imported_run, check=False).stderr
     # Attention maps label their rows and columns with the checkpoint's pieces.
     result = cli_here("plot-attention", imported_run, want["sources"][0], "--html", imported_run.parent / "a.html")
     assert "▁" in (imported_run.parent / "a.html").read_text(encoding="utf-8")

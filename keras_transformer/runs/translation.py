@@ -429,11 +429,17 @@ def load_translator(run_dir, beam_size=None, length_alpha=None, max_extra_length
     )
 
 
-def evaluate(run_dir, split="val", beam_size=None, batch_size=None, length_alpha=None):
-    """Translate a split, write `hypotheses.<split>.txt`, return and record BLEU/chrF."""
+def evaluate(run_dir, split="val", beam_size=None, batch_size=None, length_alpha=None, tsv=None):
+    """Translate a split (or the pairs of a `tsv` file), write `hypotheses.<split>.txt`, return and record BLEU/chrF."""
     config = load_config(run_dir)
+    if tsv:
+        split = "tsv-" + os.path.basename(tsv)
+        pairs = data.Split(data.ParallelText.from_files(tsv=tsv)).good_pairs_list()
+    elif config.get("pretrained"):
+        raise ValueError(f"{run_dir} is an imported checkpoint, with no corpus of its own: give --tsv FILE")
+    else:
+        pairs = load_pairs(config["data"], (split,))[split]
     translator = load_translator(run_dir, beam_size=beam_size, length_alpha=length_alpha)
-    pairs = load_pairs(config["data"], (split,))[split]
     started = time.time()
     hypotheses = translator.translate([source for source, _ in pairs], batch_size=batch_size or config["evaluation"]["batch_size"])
     seconds = time.time() - started
