@@ -71,7 +71,7 @@ def check_weights_readable(directory):
     """Refuse, before any work, a `pytorch_model.bin` without PyTorch to read it."""
     if weights_file(directory) == PYTORCH_BIN:
         try:
-            import torch  # noqa: F401
+            import torch  # noqa: F401  (only: is it there?)
         except ImportError:
             raise CheckpointError(
                 f"{os.path.join(directory, PYTORCH_BIN)} is a PyTorch pickle: install PyTorch to read it "
