@@ -48,6 +48,19 @@ def assign(variable, value, name):
     variable.assign(value)
 
 
+def assign_embeddings(variable, embeddings, name):
+    """`(vocab, d)` checkpoint embeddings into our `(vocab + 1, d)` table: row 0 (our padding) zeros, theirs after.
+
+    Written in place, in two slices: the largest matrix of a checkpoint is not copied once more.
+    """
+    embeddings = np.asarray(embeddings, np.float32)
+    if tuple(variable.shape) != (embeddings.shape[0] + ID_OFFSET, embeddings.shape[1]):
+        raise ValueError(f"{name}: the checkpoint's shape {embeddings.shape} does not fit {tuple(variable.shape)}")
+    table = variable.value  # the backend's variable, which takes a sliced assignment
+    table[:ID_OFFSET].assign(np.zeros((ID_OFFSET, embeddings.shape[1]), np.float32))
+    table[ID_OFFSET:].assign(embeddings)
+
+
 def set_dense(dense, read, prefix):
     assign(dense.kernel, read(f"{prefix}.weight").T, f"{prefix}.weight")
     assign(dense.bias, read(f"{prefix}.bias"), f"{prefix}.bias")
@@ -99,11 +112,11 @@ def set_embeddings_and_layers(model, read):
     """The token embeddings (shared or per side) and every encoder and decoder layer."""
     if model.share_embeddings:
         name = "model.shared.weight" if read.has("model.shared.weight") else "model.encoder.embed_tokens.weight"
-        assign(model.encoder.embedding.embeddings, with_our_padding_row(read(name)), name)
+        assign_embeddings(model.encoder.embedding.embeddings, read(name), name)
     else:
         for stack, name in ((model.encoder, "model.encoder.embed_tokens.weight"),
                             (model.decoder, "model.decoder.embed_tokens.weight")):
-            assign(stack.embedding.embeddings, with_our_padding_row(read(name)), name)
+            assign_embeddings(stack.embedding.embeddings, read(name), name)
     for index, layer in enumerate(model.encoder.encoder_layers):
         set_layer(layer, read, f"model.encoder.layers.{index}")
     for index, layer in enumerate(model.decoder.decoder_layers):
