@@ -189,6 +189,7 @@ def imported_run(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.slow
 def test_an_imported_run_translates_as_hugging_face_from_the_cli(imported_run):
     want, _ = expected("marian-shared-swish")
     result = cli_here("translate", imported_run, "--beam-size", "1", *want["sources"][:4])
@@ -239,6 +240,7 @@ def test_refusals_come_in_one_line_and_write_nothing(imported_run, tmp_path):
     refused(weightless, "has no weights")
 
 
+@pytest.mark.slow
 def test_an_m2m100_run_translates_into_the_language_it_is_told(tmp_path):
     """M2M100: pre-LN, fairseq positions, </s> to start, the target language forced first; any language it knows."""
     want, _ = expected("m2m100-en-de")
@@ -310,6 +312,7 @@ def test_fine_tuning_an_imported_run_trains_its_weights_with_its_tokenizers(impo
     assert cli_here("translate", out, "A man.").stdout.strip()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["marian-shared-swish", "m2m100-en-de"])
 def test_the_ctranslate2_export_of_an_imported_run_translates_as_hugging_face(name, tmp_path):
     """Our CTranslate2 conversion keeps the checkpoint's start row, positions, bias and token rules.
