@@ -215,11 +215,13 @@ def test_refusals_come_in_one_line_and_write_nothing(imported_run, tmp_path):
         assert expected_message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
         assert not out.exists() and not [path for path in tmp_path.iterdir() if "incomplete" in path.name]
 
-    def edited(file_name, **changes):
+    def edited(file_name, removed=(), **changes):
         checkpoint = tmp_path / f"checkpoint-{len(list(tmp_path.iterdir()))}"
         shutil.copytree(FIXTURES / "marian-shared-swish", checkpoint)
         content = json.loads((checkpoint / file_name).read_text())
         content.update(changes)
+        for key in removed:
+            del content[key]
         (checkpoint / file_name).write_text(json.dumps(content))
         return checkpoint
 
@@ -227,6 +229,7 @@ def test_refusals_come_in_one_line_and_write_nothing(imported_run, tmp_path):
     assert result.returncode == 2 and "already exists" in result.stderr
     refused(tmp_path / "nowhere", "no checkpoint directory")
     refused(edited("config.json", decoder_layers=3), "encoder_layers=2 differs from decoder_layers=3")
+    refused(edited("config.json", removed=["d_model"]), "config.json has no 'd_model'")
     refused(edited("config.json", activation_function="gelu_new"), "activation_function='gelu_new' is not supported")
     refused(edited("config.json", model_type="t5"), "model_type='t5' is not supported")
     refused(edited("generation_config.json", no_repeat_ngram_size=3), "no_repeat_ngram_size=3 is not supported")
@@ -235,6 +238,9 @@ def test_refusals_come_in_one_line_and_write_nothing(imported_run, tmp_path):
     refused(FIXTURES / "marian-shared-swish", "--source-lang is for M2M100", "--source-lang", "en")
     refused(FIXTURES / "m2m100-en-de", "--target-lang xx: this model's languages are af, am", "--target-lang", "xx")
     refused(FIXTURES / "nllb-en-de", "--target-lang deu: this model's languages are", "--target-lang", "deu")
+    damaged = edited("config.json")
+    (damaged / "source.spm").write_bytes((damaged / "source.spm").read_bytes()[:1000])
+    refused(damaged, "a tokenizer file is damaged: not a SentencePiece model")
     weightless = tmp_path / "weightless"
     shutil.copytree(FIXTURES / "marian-shared-swish", weightless, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
     refused(weightless, "has no weights")

@@ -129,14 +129,21 @@ def load(checkpoint_dir, source_lang=None, target_lang=None):
 
     config = read_config(checkpoint_dir)
     family = family_of(config)
-    settings = family.transformer_settings(config)
-    generation = generation_settings(checkpoint_dir, config)
-    check_generation(generation)
-    weights_file(checkpoint_dir)
-    check_weights_readable(checkpoint_dir)
-    source_tokenizer, target_tokenizer = family.tokenizers(
-        checkpoint_dir, config, source_lang=source_lang, target_lang=target_lang
-    )
+    try:
+        settings = family.transformer_settings(config)
+        generation = generation_settings(checkpoint_dir, config)
+        check_generation(generation)
+        weights_file(checkpoint_dir)
+        check_weights_readable(checkpoint_dir)
+        source_tokenizer, target_tokenizer = family.tokenizers(
+            checkpoint_dir, config, source_lang=source_lang, target_lang=target_lang
+        )
+    except KeyError as error:  # a setting the family needs is missing from config.json
+        raise CheckpointError(f"{checkpoint_dir}/config.json has no {error.args[0]!r}: is it a complete checkpoint?") from None
+    except CheckpointError:
+        raise
+    except ValueError as error:  # a tokenizer file that is not what its name says
+        raise CheckpointError(f"{checkpoint_dir}: a tokenizer file is damaged: {error}") from None
     model = models.Transformer(**settings)
     model.build(((None, None), (None, None)))
     decoding = decoding_settings(generation, config, model)

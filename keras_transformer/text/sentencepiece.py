@@ -278,8 +278,11 @@ class _NamedModelResource(tf.saved_model.experimental.TrackableResource):
 
 
 def _sentencepiece(model, out_type):
-    tokenizer = text.SentencepieceTokenizer(model, out_type=out_type)
-    tokenizer._model_resource = _NamedModelResource(model)  # see _NamedModelResource
+    try:
+        tokenizer = text.SentencepieceTokenizer(model, out_type=out_type)
+        tokenizer._model_resource = _NamedModelResource(model)  # see _NamedModelResource
+    except tf.errors.OpError:
+        raise ValueError(f"not a SentencePiece model ({len(model)} bytes that do not parse as one)") from None
     return tokenizer
 
 
