@@ -119,6 +119,22 @@ def test_logits_equal_hugging_faces_on_a_padded_batch(imported):
     assert [theirs(row[1:]) for row in targets] == want["target_ids"]
 
 
+@pytest.mark.parametrize("name", CHECKPOINTS)
+def test_every_tensor_of_the_checkpoint_lands_in_the_model(name):
+    """No weight of theirs is left unread (a layer mapped from the wrong name would leave one)."""
+    from keras_transformer import models
+    from keras_transformer.pretrained.checkpoint import read_config, read_weights
+    from keras_transformer.pretrained.weights import WeightReader
+
+    config = read_config(str(FIXTURES / name))
+    family = pretrained.family_of(config)
+    model = models.Transformer(**family.transformer_settings(config))
+    model.build(((None, None), (None, None)))
+    read = WeightReader(read_weights(str(FIXTURES / name)))
+    family.assign_weights(model, read, config)
+    assert read.unused() == [] and len(read.used) > 20
+
+
 def _translate(name, **overrides):
     translator = pretrained.load_translator(str(FIXTURES / name), **overrides)
     want, _ = expected(name)

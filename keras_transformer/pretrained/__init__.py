@@ -14,6 +14,7 @@ as a run directory (`runs.translation.import_checkpoint`).
 """
 
 import collections
+import logging
 
 from keras_transformer.pretrained import m2m100, marian
 from keras_transformer.pretrained.checkpoint import (
@@ -26,6 +27,8 @@ from keras_transformer.pretrained.checkpoint import (
 )
 from keras_transformer.pretrained.weights import WeightReader
 from keras_transformer.text.sentencepiece import ID_OFFSET
+
+logger = logging.getLogger("keras_transformer")
 
 FAMILIES = {marian.MODEL_TYPE: marian, m2m100.MODEL_TYPE: m2m100}
 
@@ -153,7 +156,12 @@ def load(checkpoint_dir, source_lang=None, target_lang=None):
         decoding["token_rules"]["forced_first"] = target_tokenizer.prefix_ids[0]
     if decoding["token_rules"]["forced_first"] is None and target_tokenizer.start_id is None:
         raise CheckpointError("the checkpoint names no decoder_start_token_id")
-    family.assign_weights(model, WeightReader(read_weights(checkpoint_dir)), config)
+    read = WeightReader(read_weights(checkpoint_dir))
+    family.assign_weights(model, read, config)
+    unused = read.unused()
+    if unused:  # tied copies and fixed tables some checkpoints save: said, in case it is more
+        logger.info("%d tensor(s) of the checkpoint not used: %s", len(unused), ", ".join(unused[:4]) + (
+            " ..." if len(unused) > 4 else ""))
     return Pretrained(model, source_tokenizer, target_tokenizer, decoding)
 
 

@@ -25,7 +25,6 @@ import hashlib
 import json
 import os
 
-import numpy as np
 import tensorflow as tf
 import tensorflow_text as text
 
@@ -316,7 +315,3 @@ def _write_bytes(path, content):
     with open(path, "wb") as file:
         file.write(content)
 
-
-def checkpoint_ids(ids):
-    """Our ids -> the checkpoint's (NumPy), for comparing with its own tools."""
-    return np.asarray(ids) - ID_OFFSET
