@@ -194,6 +194,32 @@ def test_a_float16_pytorch_bin_imports_the_same_weights(tmp_path):
         np.testing.assert_array_equal(ours_weight.numpy(), theirs_weight.numpy())
 
 
+def test_a_bfloat16_safetensors_checkpoint_imports_its_numbers_widened(tmp_path):
+    """NumPy has no bfloat16: such tensors are read from the file's bytes (written here as safetensors lays them out)."""
+    from safetensors.numpy import load_file
+
+    checkpoint = tmp_path / "bf16"
+    shutil.copytree(FIXTURES / "marian-shared-swish", checkpoint, ignore=shutil.ignore_patterns("*.bin"))
+    weights = load_file(checkpoint / "model.safetensors")
+    # A bfloat16 is a float32's top 16 bits.
+    top_halves = {name: (value.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16) for name, value in weights.items()}
+    header, offset = {}, 0
+    for name, value in top_halves.items():
+        header[name] = {"dtype": "BF16", "shape": list(value.shape), "data_offsets": [offset, offset + value.nbytes]}
+        offset += value.nbytes
+    header_bytes = json.dumps(header).encode()
+    with open(checkpoint / "model.safetensors", "wb") as file:
+        file.write(len(header_bytes).to_bytes(8, "little") + header_bytes)
+        for value in top_halves.values():
+            file.write(value.tobytes())
+    model = pretrained.load(str(checkpoint)).model
+    shared = (top_halves["model.shared.weight"].astype(np.uint32) << 16).view(np.float32)
+    np.testing.assert_array_equal(model.encoder.embedding.embeddings.numpy()[1:], shared)
+    query = (top_halves["model.encoder.layers.0.self_attn.q_proj.weight"].astype(np.uint32) << 16).view(np.float32)
+    attention = model.encoder.encoder_layers[0].self_attention.attention
+    np.testing.assert_array_equal(attention.query_kernel.numpy().reshape(query.shape[1], -1), query.T)
+
+
 # -- the CLI: import-hf, a run directory like a trained one ---------------------------------------
 
 

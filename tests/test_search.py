@@ -498,3 +498,32 @@ def test_stopping_once_the_best_cannot_be_beaten_returns_the_same_in_fewer_steps
             np.testing.assert_allclose(found[True][1].numpy(), found[False][1].numpy(), rtol=1e-6)
     # A strong length reward (alpha 2) keeps long hypotheses hopeful: no earlier stop to prove.
     assert steps[True] < steps[False] if length_alpha <= 1 else steps[True] <= steps[False], steps
+
+
+def test_a_checkpoints_token_rules_forbid_force_and_renormalize():
+    """`TokenRules`: Hugging Face's bad words, forced first token, forced [END] at the limit, renormalisation."""
+    from keras_transformer.inference import TokenRules
+
+    # Ids: 0 padding, 1 start, 2 a word, 3 [END]; padding has the highest logit.
+    logits = tf.constant([3.0, 1.0, 0.0, 2.0])
+
+    def step_fn(tokens, cache, index, context):
+        return tf.tile(logits[None], [tf.shape(tokens)[0], 1]), cache
+
+    def search(rules, max_length=3):
+        tokens, scores = greedy_search(step_fn, tf.zeros([1]), 1, 3, tf.constant([max_length]), length_alpha=0.0,
+                                       rules=rules, length_penalty_kind="hf")
+        return [int(t) for t in tokens.numpy()[0] if t], float(scores.numpy()[0])
+
+    log_softmax = lambda values: values - np.log(np.sum(np.exp(values)))  # noqa: E731
+    plain = TokenRules(never=(0, 1), forced_first=None, end_at_limit=False, renormalize=False)
+    assert search(plain) == ([3], pytest.approx(log_softmax(np.array([3.0, 1.0, 0.0, 2.0]))[3]))
+    # Renormalised: the forbidden ids' share goes to the others.
+    assert search(plain._replace(renormalize=True)) == ([3], pytest.approx(log_softmax(np.array([0.0, 2.0]))[1]))
+    # A forced first token costs nothing; then the search goes on as before.
+    forced = search(plain._replace(forced_first=2))
+    assert forced == ([2, 3], pytest.approx(log_softmax(np.array([3.0, 1.0, 0.0, 2.0]))[3]))
+    # [END] forced at the last allowed position, where the word would have come.
+    prefers_word = plain._replace(never=(0, 1, 3))
+    assert search(prefers_word, max_length=2) == ([2, 2], pytest.approx(2 * log_softmax(np.array([3.0, 1.0, 0.0, 2.0]))[2]))
+    assert search(prefers_word._replace(end_at_limit=True), max_length=2)[0] == [2, 3]

@@ -16,6 +16,7 @@ setting, raised before anything is written.
 import json
 import os
 
+import ml_dtypes  # noqa: F401  (gives NumPy the bfloat16 dtype, so safetensors can hand such tensors over)
 import numpy as np
 
 CONFIG, GENERATION_CONFIG = "config.json", "generation_config.json"
@@ -131,8 +132,5 @@ def first_line(error):
 
 
 def _widened(array):
-    if array.dtype == np.float16:
-        return array.astype(np.float32)
-    if array.dtype.kind == "V" and array.dtype.itemsize == 2:  # bfloat16 as NumPy sees it: raw 2-byte values
-        return (array.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-    return array
+    """float16 and bfloat16 (NumPy's through ml_dtypes, which TensorFlow brings) as float32."""
+    return array.astype(np.float32) if array.dtype.name in ("float16", "bfloat16") else array
