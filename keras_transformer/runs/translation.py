@@ -200,19 +200,21 @@ def _with_init_run(config):
     return merge_config(config, inherited)
 
 
-def _start_from_init_run(model, run_dir, init_from, state):
-    """Copy the init run's tokenizers into `run_dir` (once) and, before any step, its weights into `model`."""
+def _copy_init_tokenizers(run_dir, init_from):
+    """The init run's tokenizers, copied into `run_dir` once (the run's own from then on)."""
     for name in ("source", "target"):
         if not runs.has_tokenizer(run_dir, name):
             shutil.copytree(runs.vocab_path(init_from, name), runs.vocab_path(run_dir, name), dirs_exist_ok=True)
-    if model is not None and not state.trained:
-        init_config = load_config(init_from)
-        source, target = tokenizers(init_from, init_config["tokenizer"])
-        init_model = runs.load_trained_model(
-            init_from, lambda: build_model(init_config, source.vocab_size, target.vocab_size)
-        )
-        model.set_weights(init_model.get_weights())
-        logger.info("weights initialised from %s", init_from)
+
+
+def _load_init_weights(model, init_from, source_tokenizer, target_tokenizer):
+    """The init run's trained weights into `model` (before its first step; a resumed run has its own)."""
+    init_config = load_config(init_from)
+    init_model = runs.load_trained_model(
+        init_from, lambda: build_model(init_config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
+    )
+    model.set_weights(init_model.get_weights())
+    logger.info("weights initialised from %s", init_from)
 
 
 # -- model ---------------------------------------------------------------------------
@@ -260,7 +262,7 @@ def _train(config, run_dir, verbose, overwrite, chief_run_dir):
 
     replicas = strategy.num_replicas_in_sync
     if settings["init_from"]:
-        _start_from_init_run(None, run_dir, settings["init_from"], state)
+        _copy_init_tokenizers(run_dir, settings["init_from"])
     splits = corpus_splits(config["data"], ("train", "val"))
     source_tokenizer, target_tokenizer = tokenizers(run_dir, config["tokenizer"], splits["train"], settings["seed"])
     shards = {
@@ -295,8 +297,8 @@ def _train(config, run_dir, verbose, overwrite, chief_run_dir):
 
     with strategy.scope():
         model = build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
-        if settings["init_from"]:
-            _start_from_init_run(model, run_dir, settings["init_from"], state)
+        if settings["init_from"] and not state.trained:
+            _load_init_weights(model, settings["init_from"], source_tokenizer, target_tokenizer)
         compile_model(model, settings)
     logger.info("model: %d parameters, %d replica(s)", model.count_params(), replicas)
     if state.epochs_done:
