@@ -198,8 +198,7 @@ def our_generate(model, beam_size, new_tokens):
         source_mask = padding_mask(source)
 
         def step(tokens, cache, index):
-            logits, cache = model.decode(tokens[:, None], encoder_padding_mask=source_mask, cache=cache,
-                                         cache_index=index)
+            logits, cache = model.decode_step(tokens[:, None], cache, index, encoder_padding_mask=source_mask)
             return logits[:, 0], cache
 
         def reorder(cache, rows):

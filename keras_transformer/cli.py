@@ -94,6 +94,12 @@ class _CommandParser(argparse.ArgumentParser):
 def build_parser():
     parser = argparse.ArgumentParser(prog="keras-transformer", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_CommandParser)
+    for add_command in COMMANDS:
+        add_command(commands)
+    return parser
+
+
+def _add_train_command(commands):
 
     train = commands.add_parser("train", help="train a translation model into a run directory")
     _add_config_options(train, options.TRANSLATION)
@@ -101,11 +107,15 @@ def build_parser():
     train.add_argument("--no-evaluate", action="store_true", help="skip the validation BLEU at the end")
     train.set_defaults(handler=_train)
 
+
+def _add_train_classifier_command(commands):
     classifier = commands.add_parser("train-classifier", help="train an encoder-only text classifier")
     _add_config_options(classifier, options.CLASSIFICATION)
     _add_run_directory_arguments(classifier)
     classifier.set_defaults(handler=_train_classifier)
 
+
+def _add_pretrain_command(commands):
     pretrain = commands.add_parser(
         "pretrain", help="pre-train a classifier's encoder on unlabelled text (masked language modelling)"
     )
@@ -113,11 +123,15 @@ def build_parser():
     _add_run_directory_arguments(pretrain)
     pretrain.set_defaults(handler=_pretrain)
 
+
+def _add_train_lm_command(commands):
     language_model = commands.add_parser("train-lm", help="train a GPT-style language model (the decoder alone)")
     _add_config_options(language_model, options.LANGUAGE_MODEL)
     _add_run_directory_arguments(language_model)
     language_model.set_defaults(handler=_train_language_model)
 
+
+def _add_generate_command(commands):
     generate = commands.add_parser("generate", help="continue prompts with a language model run's sampled text")
     generate.add_argument("run_dir")
     generate.add_argument("prompts", nargs="*", help="the prompts (default: stdin, one a line)")
@@ -128,6 +142,8 @@ def build_parser():
     generate.add_argument("--max-new-tokens", type=int, help="default the run's (60)")
     generate.set_defaults(handler=_generate)
 
+
+def _add_evaluate_command(commands):
     evaluate = commands.add_parser(
         "evaluate", help="a run's scores: BLEU and chrF (translation), accuracy and F1 (classification), "
         "perplexity and bits per character (language model)"
@@ -145,6 +161,8 @@ def build_parser():
     evaluate.add_argument("--batch-size", type=int)
     evaluate.set_defaults(handler=_evaluate)
 
+
+def _add_translate_command(commands):
     translate = commands.add_parser("translate", help="translate sentences (arguments or stdin, one a line)")
     translate.add_argument("run_dir", nargs="?", help="the run directory (omit with --saved-model)")
     translate.add_argument("sentences", nargs="*")
@@ -157,6 +175,8 @@ def build_parser():
     )
     translate.set_defaults(handler=_translate)
 
+
+def _add_classify_command(commands):
     classify = commands.add_parser(
         "classify", help="label texts with a classifier run (arguments, or stdin one a line): label<TAB>probability"
     )
@@ -164,6 +184,8 @@ def build_parser():
     classify.add_argument("texts", nargs="*")
     classify.set_defaults(handler=_classify)
 
+
+def _add_export_command(commands):
     export = commands.add_parser("export", help="export a run as a SavedModel for TensorFlow Serving")
     export.add_argument("run_dir")
     export.add_argument(
@@ -183,6 +205,8 @@ def build_parser():
     )
     export.set_defaults(handler=_export)
 
+
+def _add_plot_attention_command(commands):
     plot = commands.add_parser(
         "plot-attention",
         help="translate a sentence (or continue a prompt) and save its attention: heatmaps (PNG), or the explorer (HTML)",
@@ -205,6 +229,8 @@ def build_parser():
     plot.add_argument("--seed", type=int, help="language model: the sampling seed (default 0)")
     plot.set_defaults(handler=_plot_attention)
 
+
+def _add_import_hf_command(commands):
     imported = commands.add_parser(
         "import-hf", help="a pretrained Hugging Face translation checkpoint (OPUS-MT, M2M100, NLLB) as a run directory"
     )
@@ -217,6 +243,8 @@ def build_parser():
                           "code (de; deu_Latn), or a multilingual OPUS-MT model's >>CODE<< token put before every text")
     imported.set_defaults(handler=_import_hf)
 
+
+def _add_average_checkpoints_command(commands):
     average = commands.add_parser(
         "average-checkpoints",
         help="a new run whose model averages a run's last epoch checkpoints (trained with --keep-checkpoints N)",
@@ -225,7 +253,23 @@ def build_parser():
     average.add_argument("--out", required=True, help="the new run directory (must not exist yet)")
     average.add_argument("--last", type=int, metavar="N", help="average the newest N kept (default: all)")
     average.set_defaults(handler=_average_checkpoints)
-    return parser
+
+
+# Each adds one command, with its arguments and handler; `--help` lists them in this order.
+COMMANDS = (
+    _add_train_command,
+    _add_train_classifier_command,
+    _add_pretrain_command,
+    _add_train_lm_command,
+    _add_generate_command,
+    _add_evaluate_command,
+    _add_translate_command,
+    _add_classify_command,
+    _add_export_command,
+    _add_plot_attention_command,
+    _add_import_hf_command,
+    _add_average_checkpoints_command,
+)
 
 
 # -- the commands --------------------------------------------------------------------------

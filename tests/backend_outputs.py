@@ -33,8 +33,8 @@ def translator_outputs(model, source, target):
     cache = model.build_cache(memory, max_length=target.shape[1])
     steps = []
     for position in range(target.shape[1]):
-        step, cache = model.decode(target[:, position : position + 1], encoder_padding_mask=kt.layers.padding_mask(source),
-                                   cache=cache, cache_index=position)
+        step, cache = model.decode_step(target[:, position : position + 1], cache, position,
+                                        encoder_padding_mask=kt.layers.padding_mask(source))
         steps.append(numpy(step))
     outputs["cached_logits"] = np.concatenate(steps, axis=1)
     return outputs

@@ -148,13 +148,12 @@ class TestMultiHeadAttention:
 
     def test_cached_steps_match_full_causal_attention(self):
         x = random(2, 6, 16)
-        attention = kt.layers.MultiHeadAttention(num_heads=4, sliding_window=3)
-        full = attention(x, x, use_causal_mask=True)
+        attention = kt.layers.CachedMultiHeadAttention(num_heads=4, sliding_window=3)
+        full = attention(x, use_causal_mask=True)
         cache = attention.empty_cache(2, max_length=8)
         steps = []
         for t in range(6):
-            token = x[:, t : t + 1]
-            output, cache = attention(token, token, use_causal_mask=True, cache=cache, cache_index=t)
+            output, cache = attention(x[:, t : t + 1], use_causal_mask=True, cache=cache, cache_index=t)
             steps.append(output)
         np.testing.assert_allclose(ops.concatenate(steps, axis=1), full, atol=1e-5)
         # The cache holds every position's keys; unfilled slots stay zero.
@@ -163,7 +162,7 @@ class TestMultiHeadAttention:
     def test_static_cache_matches_cross_attention(self):
         query, value = random(2, 4, 16, seed=1), random(2, 5, 16, seed=2)
         value_mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
-        attention = kt.layers.MultiHeadAttention(num_heads=4)
+        attention = kt.layers.CachedMultiHeadAttention(num_heads=4)
         expected = attention(query, value, value_mask=value_mask)
         cache = attention.compute_cache(value)
         outputs, same_cache = attention(query, value_mask=value_mask, cache=cache)
@@ -197,7 +196,7 @@ class TestFusedAttention:
 
     def test_cross_attention_and_its_static_cache(self):
         query, value = random(3, 5, 16, seed=11), random(3, 7, 16, seed=12)
-        attention = kt.layers.MultiHeadAttention(num_heads=4)
+        attention = kt.layers.CachedMultiHeadAttention(num_heads=4)
         explicit, fused = self.both_paths(attention, lambda: attention(query, value, value_mask=self.PADDING))
         np.testing.assert_allclose(fused, explicit, atol=1e-5)
         cache = attention.compute_cache(value)
@@ -206,7 +205,7 @@ class TestFusedAttention:
 
     def test_decoding_steps_on_the_cache(self):
         inputs = random(2, 6, 16, seed=13)
-        attention = kt.layers.MultiHeadAttention(num_heads=4)
+        attention = kt.layers.CachedMultiHeadAttention(num_heads=4)
         attention(inputs)
 
         def decode():
@@ -243,13 +242,15 @@ class TestFusedAttention:
     def test_the_default_is_fused_on_jax_and_pytorch_only(self):
         attention = kt.layers.MultiHeadAttention(num_heads=2)
         expected = keras.backend.backend() in ("jax", "torch")
-        assert attention._use_fused_attention(False, False, False) is expected
+        assert attention._use_fused_attention(False, False) is expected
         # Weights asked for, dropout on the weights, predicted windows: always explicit.
-        assert not attention._use_fused_attention(True, False, False)
+        assert not attention._use_fused_attention(True, False)
         dropping = kt.layers.MultiHeadAttention(num_heads=2, dropout=0.1)
         dropping.fused_attention = True
-        assert not dropping._use_fused_attention(False, True, False) and dropping._use_fused_attention(False, False, False)
-        assert not dropping._use_fused_attention(False, False, True)
+        assert not dropping._use_fused_attention(False, True) and dropping._use_fused_attention(False, False)
+        predicting = kt.layers.MultiHeadAttention(num_heads=2, sliding_window=2, window_alignment="predictive")
+        predicting.fused_attention = True
+        assert not predicting._use_fused_attention(False, False)
 
 
 class TestPredictiveLocalAttention:
@@ -258,7 +259,8 @@ class TestPredictiveLocalAttention:
     WINDOW = 2
 
     def attention(self, num_heads=2):
-        return kt.layers.MultiHeadAttention(num_heads=num_heads, sliding_window=self.WINDOW, window_alignment="predictive")
+        return kt.layers.CachedMultiHeadAttention(
+            num_heads=num_heads, sliding_window=self.WINDOW, window_alignment="predictive")
 
     def test_weights_outside_the_predicted_window_are_exactly_zero(self):
         query, value = random(2, 5, 16, seed=3), random(2, 12, 16, seed=4)
@@ -315,6 +317,6 @@ class TestPredictiveLocalAttention:
         with pytest.raises(ValueError, match="window_alignment must be one of"):
             kt.layers.MultiHeadAttention(num_heads=2, sliding_window=2, window_alignment="gaussian")
         token, attention = random(1, 1, 16), self.attention()
-        attention(token, token)
+        attention(token)
         with pytest.raises(ValueError, match="not a decoding cache"):
-            attention(token, token, cache=attention.empty_cache(1, 4), cache_index=0)
+            attention(token, cache=attention.empty_cache(1, 4), cache_index=0)

@@ -117,36 +117,34 @@ def test_pre_ln_stack_has_a_final_norm_and_post_ln_does_not():
 
 
 @pytest.mark.parametrize("window", [None, 2])
-@pytest.mark.parametrize("cached", [False, True])
-def test_a_sentences_beams_read_its_source_once_as_copies_of_it_would(window, cached):
-    # A beam search's rows of one sentence share its source (rows_per_source): outputs and
-    # cross-attention weights are those of every row reading its own copy, from the encoder
-    # output or from the cross-attention cache a decoding step reads; padded positions included.
-    rows_per_source, length = 3, 1 if cached else 2
+@pytest.mark.parametrize("length", [1, 2])
+def test_a_sentences_beams_read_its_source_once_as_copies_of_it_would(window, length):
+    # A beam search's rows of one sentence share its source (rows_per_source): a decoding
+    # step's outputs and cache are those of every row reading its own copy of the
+    # cross-attention cache; padded source positions included.
+    rows_per_source = 3
     layer = kt.layers.DecoderLayer(num_heads=4, d_ff=32, cross_attention_window=window)
     targets = np.random.default_rng(2).normal(size=(BATCH * rows_per_source, length, D_MODEL)).astype("float32")
-    target_mask = np.random.default_rng(3).random((BATCH * rows_per_source, length)) < 0.8
     source = hidden(SOURCE_LENGTH, 1)
     source_mask = np.array([[True] * SOURCE_LENGTH, [True] * 4 + [False] * 3])
     copies = lambda values: np.repeat(values, rows_per_source, axis=0)  # noqa: E731
+    own = np.random.default_rng(4).normal(size=(2, BATCH * rows_per_source, 4, 4, D_MODEL // 4)).astype("float32")
 
-    def decode(source, source_mask, **arguments):
-        settings = dict(padding_mask=None if cached else target_mask, encoder_padding_mask=source_mask,
-                        return_attention_scores=True, **arguments)
-        if not cached:
-            return layer(targets, source, **settings)
-        cache = {"self_attention": layer.empty_self_attention_cache(BATCH * rows_per_source, 4),
-                 "cross_attention": layer.compute_cross_attention_cache(source)}
-        return layer(targets, cache=cache, cache_index=2, **settings)[:2]
+    def decode(source, source_mask, rows_per_source=1):
+        cache = {"self_attention": own, "cross_attention": layer.compute_cross_attention_cache(source)}
+        return layer.decode_step(targets, cache, 1, encoder_padding_mask=source_mask, rows_per_source=rows_per_source)
 
     layer(targets, copies(source))  # build
     with pytest.raises(ValueError, match="rows_per_source must be a positive integer, got 0"):
-        layer(targets, source, rows_per_source=0)
-    expected, expected_scores = decode(copies(source), copies(source_mask))
-    shared, shared_scores = decode(source, source_mask, rows_per_source=rows_per_source)
+        decode(source, source_mask, rows_per_source=0)
+    expected, expected_cache = decode(copies(source), copies(source_mask))
+    shared, shared_cache = decode(source, source_mask, rows_per_source=rows_per_source)
     np.testing.assert_allclose(ops.convert_to_numpy(shared), ops.convert_to_numpy(expected), atol=1e-5)
-    np.testing.assert_allclose(ops.convert_to_numpy(shared_scores["cross_attention"]),
-                               ops.convert_to_numpy(expected_scores["cross_attention"]), atol=1e-6)
+    np.testing.assert_allclose(ops.convert_to_numpy(shared_cache["self_attention"]),
+                               ops.convert_to_numpy(expected_cache["self_attention"]), atol=1e-6)
+    # Each row reads its own sentence's source: a row given another sentence's would differ.
+    swapped, _ = decode(source[::-1], source_mask[::-1], rows_per_source=rows_per_source)
+    assert np.abs(ops.convert_to_numpy(swapped) - ops.convert_to_numpy(expected)).max() > 1e-3
 
 
 def test_decoder_layer_with_cross_attention_needs_the_encoder():

@@ -367,9 +367,11 @@ def test_searches_return_what_a_random_step_function_scores_them(cache_batch_axi
 
 
 @pytest.mark.parametrize("beams, stop_early", [(1, True), (2, True), (2, False), (3, True)])
-def test_the_greedy_path_beside_the_beams_returns_the_better_of_both_searches(beams, stop_early):
+def test_the_greedy_path_beside_the_beams_returns_the_better_of_both_searches(beams, stop_early, monkeypatch):
     # keep_greedy follows the greedy path as one more row per sentence, in the
     # beam search's own steps: exactly the better of the two searches run apart.
+    if not stop_early:
+        never_beaten(monkeypatch)
     greedy_won = 0
     for seed in range(8):
         rng = np.random.default_rng(seed)
@@ -377,12 +379,11 @@ def test_the_greedy_path_beside_the_beams_returns_the_better_of_both_searches(be
         table = rng.dirichlet(np.full(vocab, 0.3), size=(vocab, vocab)).astype(np.float32)
         first = rng.integers(0, vocab, 5).tolist()
         settings = dict(start_id=TOY_START, end_id=TOY_END, max_lengths=rng.integers(1, 12, 5).tolist())
-        beams_only = beam_search(toy_step(table), toy_cache(first, beams), beam_size=beams, stop_early=stop_early,
-                                 **settings)
+        beams_only = beam_search(toy_step(table), toy_cache(first, beams), beam_size=beams, **settings)
         greedy = greedy_search(toy_step(table), toy_cache(first), **settings)
         apart = higher_scoring(beams_only, greedy)
         together = tf.function(lambda cache: beam_search(  # in a graph, as the export runs it
-            toy_step(table), cache, beam_size=beams, stop_early=stop_early, keep_greedy=True, **settings))(
+            toy_step(table), cache, beam_size=beams, keep_greedy=True, **settings))(
             toy_cache(first, beams + 1))
         np.testing.assert_array_equal(together[0].numpy(), apart[0].numpy())
         np.testing.assert_allclose(together[1].numpy(), apart[1].numpy(), rtol=1e-6)
@@ -470,8 +471,15 @@ def test_searches_compile_with_xla_on_a_cache_with_all_its_room(model, beam_size
     np.testing.assert_allclose(compiled[1].numpy(), plain[1].numpy(), atol=1e-5)
 
 
+def never_beaten(monkeypatch):
+    """Switch the early stop off: a sentence ends only with beam_size final hypotheses (or at its limit)."""
+    from keras_transformer.inference import search
+
+    monkeypatch.setattr(search, "_cannot_be_beaten", lambda best_final, *args: tf.zeros_like(best_final, tf.bool))
+
+
 @pytest.mark.parametrize("length_alpha", [0.0, 0.6, 1.0, 2.0])
-def test_stopping_once_the_best_cannot_be_beaten_returns_the_same_in_fewer_steps(length_alpha):
+def test_stopping_once_the_best_cannot_be_beaten_returns_the_same_in_fewer_steps(length_alpha, monkeypatch):
     # Random trigram tables: the early stop must return the very tokens and scores
     # of running until every sentence has beam_size final hypotheses.
     steps = {True: 0, False: 0}
@@ -485,6 +493,8 @@ def test_stopping_once_the_best_cannot_be_beaten_returns_the_same_in_fewer_steps
             found = {}
             for stop_early in (True, False):
                 counted = toy_step(table)
+                if not stop_early:
+                    never_beaten(monkeypatch)
 
                 def step_fn(tokens, cache, index, context, counted=counted, stop_early=stop_early):
                     steps[stop_early] += 1
@@ -492,8 +502,9 @@ def test_stopping_once_the_best_cannot_be_beaten_returns_the_same_in_fewer_steps
 
                 found[stop_early] = beam_search(  # eager: the loop runs in Python, each step counted
                     step_fn, toy_cache(first, beams), TOY_START, TOY_END, max_lengths, beam_size=beams,
-                    length_alpha=length_alpha, stop_early=stop_early,
+                    length_alpha=length_alpha,
                 )
+                monkeypatch.undo()
             np.testing.assert_array_equal(found[True][0].numpy(), found[False][0].numpy())
             np.testing.assert_allclose(found[True][1].numpy(), found[False][1].numpy(), rtol=1e-6)
     # A strong length reward (alpha 2) keeps long hypotheses hopeful: no earlier stop to prove.

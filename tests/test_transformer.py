@@ -124,9 +124,7 @@ def test_cached_decoding_matches_the_full_pass(model, batch):
     source_mask = kt.layers.padding_mask(source)
     step_logits = []
     for t in range(target.shape[1]):
-        logits, cache = model.decode(
-            target[:, t : t + 1], encoder_padding_mask=source_mask, cache=cache, cache_index=t
-        )
+        logits, cache = model.decode_step(target[:, t : t + 1], cache, t, encoder_padding_mask=source_mask)
         step_logits.append(logits)
     np.testing.assert_allclose(ops.concatenate(step_logits, axis=1), full_logits, atol=1e-5)
 
@@ -147,7 +145,7 @@ def test_cached_decoding_in_a_tf_function(batch):
         mask = kt.layers.padding_mask(source)
         logits = tf.TensorArray(tf.float32, size=target.shape[1])
         for t in tf.range(target.shape[1]):
-            step, cache = model.decode(target[:, t : t + 1], encoder_padding_mask=mask, cache=cache, cache_index=t)
+            step, cache = model.decode_step(target[:, t : t + 1], cache, t, encoder_padding_mask=mask)
             logits = logits.write(t, step[:, 0])
         return tf.transpose(logits.stack(), [1, 0, 2])
 

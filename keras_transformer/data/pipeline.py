@@ -114,58 +114,14 @@ def make_translation_batches(
     Returns:
         `TranslationBatches`.
     """
-    if (tokens_per_batch is None) == (batch_size is None):
-        raise ValueError("give exactly one of tokens_per_batch and batch_size")
-    if long_pairs not in LONG_PAIR_POLICIES:
-        raise ValueError(f"long_pairs must be one of {LONG_PAIR_POLICIES}, got {long_pairs!r}")
-    if tokens_per_batch is not None and tokens_per_batch < max_length:
-        raise ValueError(
-            f"tokens_per_batch={tokens_per_batch} cannot hold one pair of max_length={max_length}"
-        )
-    if batch_size is not None and batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
-    if max_length < 3:
-        raise ValueError(f"max_length must leave room for [START], a token and [END]; got {max_length}")
-
-    if isinstance(pairs, TokenShards):
-        lengths = pairs.lengths(shards)
-        # A worker may have no pairs of its own; the caller checked that some worker has.
-        if not len(lengths) and pad_to_batches is None:
-            raise ValueError("no sentence pairs to batch")
-        tokenized, epoch = _shard_pairs(pairs, shards, shuffle, seed, shuffle_buffer, epoch)
-    else:
-        if not pairs:
-            raise ValueError("no sentence pairs to batch")
-        tokenized, lengths = _tokenized_in_memory(pairs, source_tokenizer, target_tokenizer)
-        # The ids are kept after the first pass; every later epoch reads them.
-        tokenized = tokenized.cache()
-        if shuffle:
-            tokenized, epoch = shuffle_each_epoch(tokenized, min(len(lengths), shuffle_buffer), seed, epoch)
-        else:
-            epoch = None
-
-    def too_long(source, target):
-        return tf.logical_or(tf.size(source) > max_length, tf.size(target) > max_length)
-
-    def truncate(source, target):
-        # Keep [START] and the first tokens, and close with [END] so the
-        # model still learns where a sentence stops.
-        def cut(ids, end_id):
-            return tf.cond(
-                tf.size(ids) > max_length,
-                lambda: tf.concat([ids[: max_length - 1], [end_id]], axis=0),
-                lambda: ids,
-            )
-
-        return cut(source, source_tokenizer.end_id), cut(target, target_tokenizer.end_id)
-
+    _check_batching(max_length, tokens_per_batch, batch_size, long_pairs)
+    tokenized, lengths, epoch = _tokenized_pairs(
+        pairs, source_tokenizer, target_tokenizer, shards, shuffle, seed, shuffle_buffer, epoch, pad_to_batches
+    )
     # What max_length costs (for the caller to report), and how many batches
     # an epoch has (for Keras' progress bar), from the lengths alone.
     counts = pair_counts(lengths, max_length, long_pairs)
-    if long_pairs == "drop":
-        dataset = tokenized.filter(lambda source, target: tf.logical_not(too_long(source, target)))
-    else:
-        dataset = tokenized.map(truncate)
+    dataset = _within_max_length(tokenized, max_length, long_pairs, source_tokenizer.end_id, target_tokenizer.end_id)
     lengths = _kept_lengths(lengths, max_length, long_pairs)
     if counts["num_pairs"] == 0 and pad_to_batches is None:
         raise ValueError(f"every pair is longer than max_length={max_length} tokens")
@@ -174,24 +130,7 @@ def make_translation_batches(
         return (source, target[:-1]), target[1:]
 
     dataset = dataset.map(teacher_forcing, num_parallel_calls=tf.data.AUTOTUNE)
-    padded_shapes = (([None], [None]), [None])
-    if batch_size is not None:
-        dataset = dataset.padded_batch(batch_size, padded_shapes=padded_shapes)
-    else:
-        bounds, rows = _buckets(max_length, tokens_per_batch)
-        dataset = dataset.bucket_by_sequence_length(
-            element_length_func=lambda inputs, labels: tf.maximum(tf.size(inputs[0]), tf.size(labels)),
-            bucket_boundaries=bounds,
-            bucket_batch_sizes=rows,
-            padded_shapes=padded_shapes,
-        )
-    if batch_multiple > 1:
-
-        def trim(inputs, labels):
-            rows = tf.shape(labels)[0] // batch_multiple * batch_multiple
-            return (inputs[0][:rows], inputs[1][:rows]), labels[:rows]
-
-        dataset = dataset.map(trim).filter(lambda inputs, labels: tf.shape(labels)[0] > 0)
+    dataset = _batched(dataset, max_length, tokens_per_batch, batch_size, batch_multiple)
     num_batches = _count_kept_batches(lengths, max_length, tokens_per_batch, batch_size, batch_multiple)
     if pad_to_batches is not None and pad_to_batches > num_batches:
         # Batches of no pairs: this worker takes part in steps that the
@@ -205,6 +144,91 @@ def make_translation_batches(
     dataset = dataset.apply(tf.data.experimental.assert_cardinality(num_batches))
     dataset = dataset.prefetch(tf.data.AUTOTUNE).with_options(_PIPELINE_OPTIONS)
     return TranslationBatches(dataset=dataset, epoch=epoch, num_batches=num_batches, **counts)
+
+
+def _check_batching(max_length, tokens_per_batch, batch_size, long_pairs):
+    """Refuse settings that cannot make batches, in one line each."""
+    if (tokens_per_batch is None) == (batch_size is None):
+        raise ValueError("give exactly one of tokens_per_batch and batch_size")
+    if long_pairs not in LONG_PAIR_POLICIES:
+        raise ValueError(f"long_pairs must be one of {LONG_PAIR_POLICIES}, got {long_pairs!r}")
+    if tokens_per_batch is not None and tokens_per_batch < max_length:
+        raise ValueError(
+            f"tokens_per_batch={tokens_per_batch} cannot hold one pair of max_length={max_length}"
+        )
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if max_length < 3:
+        raise ValueError(f"max_length must leave room for [START], a token and [END]; got {max_length}")
+
+
+def _tokenized_pairs(pairs, source_tokenizer, target_tokenizer, shards, shuffle, seed, shuffle_buffer, epoch,
+                     pad_to_batches):
+    """`(dataset of (source ids, target ids), their lengths, the epoch variable or None)`, shuffled when asked."""
+    if isinstance(pairs, TokenShards):
+        lengths = pairs.lengths(shards)
+        # A worker may have no pairs of its own; the caller checked that some worker has.
+        if not len(lengths) and pad_to_batches is None:
+            raise ValueError("no sentence pairs to batch")
+        tokenized, epoch = _shard_pairs(pairs, shards, shuffle, seed, shuffle_buffer, epoch)
+        return tokenized, lengths, epoch
+    if not pairs:
+        raise ValueError("no sentence pairs to batch")
+    tokenized, lengths = _tokenized_in_memory(pairs, source_tokenizer, target_tokenizer)
+    # The ids are kept after the first pass; every later epoch reads them.
+    tokenized = tokenized.cache()
+    if not shuffle:
+        return tokenized, lengths, None
+    tokenized, epoch = shuffle_each_epoch(tokenized, min(len(lengths), shuffle_buffer), seed, epoch)
+    return tokenized, lengths, epoch
+
+
+def _within_max_length(tokenized, max_length, long_pairs, source_end_id, target_end_id):
+    """The pairs with neither side over `max_length`: longer ones dropped, or truncated."""
+
+    def too_long(source, target):
+        return tf.logical_or(tf.size(source) > max_length, tf.size(target) > max_length)
+
+    if long_pairs == "drop":
+        return tokenized.filter(lambda source, target: tf.logical_not(too_long(source, target)))
+
+    def truncate(source, target):
+        # Keep [START] and the first tokens, and close with [END] so the
+        # model still learns where a sentence stops.
+        def cut(ids, end_id):
+            return tf.cond(
+                tf.size(ids) > max_length,
+                lambda: tf.concat([ids[: max_length - 1], [end_id]], axis=0),
+                lambda: ids,
+            )
+
+        return cut(source, source_end_id), cut(target, target_end_id)
+
+    return tokenized.map(truncate)
+
+
+def _batched(dataset, max_length, tokens_per_batch, batch_size, batch_multiple):
+    """Padded batches: `batch_size` pairs, or pairs of like length up to `tokens_per_batch` tokens;
+    each trimmed to a multiple of `batch_multiple` rows."""
+    padded_shapes = (([None], [None]), [None])
+    if batch_size is not None:
+        dataset = dataset.padded_batch(batch_size, padded_shapes=padded_shapes)
+    else:
+        bounds, rows = _buckets(max_length, tokens_per_batch)
+        dataset = dataset.bucket_by_sequence_length(
+            element_length_func=lambda inputs, labels: tf.maximum(tf.size(inputs[0]), tf.size(labels)),
+            bucket_boundaries=bounds,
+            bucket_batch_sizes=rows,
+            padded_shapes=padded_shapes,
+        )
+    if batch_multiple == 1:
+        return dataset
+
+    def trim(inputs, labels):
+        rows = tf.shape(labels)[0] // batch_multiple * batch_multiple
+        return (inputs[0][:rows], inputs[1][:rows]), labels[:rows]
+
+    return dataset.map(trim).filter(lambda inputs, labels: tf.shape(labels)[0] > 0)
 
 
 def _buckets(max_length, tokens_per_batch):

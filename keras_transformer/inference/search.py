@@ -165,10 +165,10 @@ def _take(structure, indices, axis=0):
     return tf.nest.map_structure(lambda value: tf.gather(value, indices, axis=axis), structure)
 
 
-def _unfinished(finished, rows_per_sentence):
+def _unfinished(finished, rows_per_source):
     """`(sentences, rows)`: the indices of the unfinished sentences, and of their rows, in the search's state."""
     sentences = tf.cast(tf.where(~finished)[:, 0], tf.int32)
-    rows = sentences[:, None] * rows_per_sentence + tf.range(rows_per_sentence)[None, :]
+    rows = sentences[:, None] * rows_per_source + tf.range(rows_per_source)[None, :]
     return sentences, tf.reshape(rows, [-1])
 
 
@@ -182,7 +182,7 @@ def _no_results(batch, steps):
     return tf.zeros([batch, steps], tf.int32), tf.zeros([batch], tf.float32)
 
 
-def _drop_finished(finished, sentences, answers, results, per_sentence, per_row, rows_per_sentence):
+def _drop_finished(finished, sentences, answers, results, per_sentence, per_row, rows_per_source):
     """Set the finished sentences' answers aside and drop them from the search.
 
     Args:
@@ -192,7 +192,7 @@ def _drop_finished(finished, sentences, answers, results, per_sentence, per_row,
         results: the whole batch's `(tokens, scores)` so far.
         per_sentence: the search's state and the context, sentences on axis 0.
         per_row: `[(structure, axis), ...]`: greedy search's cache (beam
-            search gathers its own), `rows_per_sentence` rows a sentence on
+            search gathers its own), `rows_per_source` rows a sentence on
             `axis`.
 
     Returns:
@@ -203,7 +203,7 @@ def _drop_finished(finished, sentences, answers, results, per_sentence, per_row,
     def drop():
         places = tf.boolean_mask(sentences.places, finished)
         found = _take(answers(), tf.where(finished)[:, 0])
-        kept, kept_rows = _unfinished(finished, rows_per_sentence)
+        kept, kept_rows = _unfinished(finished, rows_per_source)
         return (_set_aside(results, places, found), _take((sentences, per_sentence), kept),
                 [_take(structure, kept_rows, axis) for structure, axis in per_row])
 
@@ -214,20 +214,80 @@ def _drop_finished(finished, sentences, answers, results, per_sentence, per_row,
     return tf.cond(tf.reduce_any(finished), drop, keep_all)
 
 
+# -- one loop, two strategies ----------------------------------------------------------
+#
+# A strategy says what one step does with the model's log-probabilities
+# (OpenNMT-tf's decoding strategies, keras-hub's samplers): `initial` state,
+# `advance` (the next tokens, and for beam search which rows they extend),
+# `finished` sentences and their `answers`. `_search` is the loop around it:
+# the model step, the token rules, and dropping finished sentences.
+
+
+def _search(strategy, step_fn, cache, start_id, end_id, max_lengths, context, cache_batch_axis, drop_finished, rules):
+    """Run `strategy` against `step_fn` until every sentence is finished: `(tokens, scores)`."""
+    max_lengths = tf.convert_to_tensor(max_lengths, tf.int32)
+    batch = tf.shape(max_lengths)[0]
+    steps = num_steps(max_lengths)
+    rows_per_source = strategy.rows_per_source
+    rules = rules or TokenRules.ours(start_id)
+
+    def not_done(step, sentences, cache, context, last, state, results):
+        return (step < steps) & ~tf.reduce_all(strategy.finished(state))
+
+    def one_step(step, sentences, cache, context, last, state, results):
+        row_limits = sentences.max_lengths
+        if rows_per_source > 1:
+            row_limits = tf.repeat(row_limits, rows_per_source)
+        log_probs, cache = _log_probs(step_fn, last, cache, step, context, rules, end_id, row_limits)
+        tokens, parents, state = strategy.advance(state, log_probs, step, sentences.max_lengths)
+        if drop_finished:
+            # Beam search gathers its cache rows by `parents` below, which
+            # drops the finished sentences' rows at no extra cost; greedy
+            # search keeps its rows in place, so they are dropped here.
+            own_rows = [] if strategy.reorders_rows else [(cache, cache_batch_axis)]
+            results, (sentences, (state, parents, tokens, context)), own_rows = _drop_finished(
+                strategy.finished(state), sentences, lambda: strategy.answers(state), results,
+                (state, parents, tokens, context), own_rows, rows_per_source)
+            cache = own_rows[0] if own_rows else cache
+        if strategy.reorders_rows:
+            cache = _take(cache, tf.reshape(parents, [-1]), cache_batch_axis)
+        return step + 1, sentences, cache, context, tf.reshape(tokens, [-1]), state, results
+
+    initial = (
+        tf.constant(0),
+        Sentences(tf.range(batch), max_lengths),
+        cache,
+        context,
+        tf.fill([batch * rows_per_source], tf.cast(start_id, tf.int32)),
+        strategy.initial(batch, steps),
+        _no_results(batch, steps),
+    )
+    _, sentences, _, _, _, state, results = tf.while_loop(
+        not_done, one_step, initial, shape_invariants=_loop_shapes(initial, 2)
+    )
+    # Without drop_finished every sentence is still here; with it, none is.
+    return _set_aside(results, sentences.places, strategy.answers(state))
+
+
 # -- greedy search --------------------------------------------------------------------
 
 GreedyState = collections.namedtuple("GreedyState", ["finished", "tokens", "log_prob_sum", "lengths"])
 
 
-class _GreedyPath:
-    """Greedy search's rule for one step, on one row per sentence.
+class GreedySearch:
+    """The strategy of greedy search: each sentence's most probable token, one row per sentence.
 
-    Greedy search is this alone; beam search with `keep_greedy` follows one
-    beside its beams, in the same model steps.
+    Beam search with `keep_greedy` follows this path beside its beams, in
+    the same model steps (`pick`).
     """
 
-    def __init__(self, end_id):
+    rows_per_source = 1
+    reorders_rows = False
+
+    def __init__(self, end_id, length_alpha=0.6, length_penalty_kind=GNMT):
         self.end_id = end_id
+        self.length_alpha = length_alpha
+        self.length_penalty_kind = length_penalty_kind
 
     @staticmethod
     def initial(batch, steps):
@@ -238,7 +298,7 @@ class _GreedyPath:
             lengths=tf.zeros([batch], tf.int32),
         )
 
-    def advance(self, state, log_probs, position, max_lengths):
+    def pick(self, state, log_probs, position, max_lengths):
         """Pick each sentence's most probable token at output `position`: `(chosen, state)`, [PAD] once finished."""
         chosen = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
         chosen = tf.where(state.finished, 0, chosen)
@@ -250,10 +310,19 @@ class _GreedyPath:
             lengths=state.lengths + tf.where(state.finished, 0, 1),
         )
 
+    def advance(self, state, log_probs, position, max_lengths):
+        chosen, state = self.pick(state, log_probs, position, max_lengths)
+        return chosen, (), state
+
     @staticmethod
-    def result(state, length_alpha, length_penalty_kind=GNMT):
+    def finished(state):
+        return state.finished
+
+    def answers(self, state):
         """`(tokens, length-normalised scores)`."""
-        return state.tokens, state.log_prob_sum / length_penalty(state.lengths, length_alpha, length_penalty_kind)
+        return state.tokens, state.log_prob_sum / length_penalty(
+            state.lengths, self.length_alpha, self.length_penalty_kind
+        )
 
 
 def greedy_search(
@@ -296,38 +365,9 @@ def greedy_search(
     >>> tokens, scores = greedy_search(step_fn, cache, start_id, end_id, max_lengths, context=context,
     ...                                cache_batch_axis=cache_batch_axis())
     """
-    max_lengths = tf.convert_to_tensor(max_lengths, tf.int32)
-    batch = tf.shape(max_lengths)[0]
-    steps = num_steps(max_lengths)
-    greedy = _GreedyPath(end_id)
-    rules = rules or TokenRules.ours(start_id)
-
-    def not_done(step, sentences, cache, context, last, state, results):
-        return (step < steps) & ~tf.reduce_all(state.finished)
-
-    def one_step(step, sentences, cache, context, last, state, results):
-        log_probs, cache = _log_probs(step_fn, last, cache, step, context, rules, end_id, sentences.max_lengths)
-        chosen, state = greedy.advance(state, log_probs, step, sentences.max_lengths)
-        if drop_finished:
-            results, (sentences, (chosen, state, context)), (cache,) = _drop_finished(
-                state.finished, sentences, lambda: greedy.result(state, length_alpha, length_penalty_kind), results,
-                (chosen, state, context), [(cache, cache_batch_axis)], rows_per_sentence=1)
-        return step + 1, sentences, cache, context, chosen, state, results
-
-    initial = (
-        tf.constant(0),
-        Sentences(tf.range(batch), max_lengths),
-        cache,
-        context,
-        tf.fill([batch], tf.cast(start_id, tf.int32)),
-        greedy.initial(batch, steps),
-        _no_results(batch, steps),
-    )
-    _, sentences, _, _, _, state, results = tf.while_loop(
-        not_done, one_step, initial, shape_invariants=_loop_shapes(initial, 2)
-    )
-    # Without drop_finished every sentence is still here; with it, none is.
-    return _set_aside(results, sentences.places, greedy.result(state, length_alpha, length_penalty_kind))
+    strategy = GreedySearch(end_id, length_alpha, length_penalty_kind)
+    return _search(strategy, step_fn, cache, start_id, end_id, max_lengths, context, cache_batch_axis,
+                   drop_finished, rules)
 
 
 # -- beam search -----------------------------------------------------------------------
@@ -341,6 +381,108 @@ BeamState = collections.namedtuple(
 )
 
 
+class BeamSearch:
+    """The strategy of beam search (see `beam_search`): `rows_per_source` rows a sentence, next to each other."""
+
+    reorders_rows = True
+
+    def __init__(self, end_id, beam_size, length_alpha=0.6, length_penalty_kind=GNMT, keep_greedy=False,
+                 stop_when_beam_full=True):
+        if beam_size < 1:
+            raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+        self.end_id, self.beam_size = end_id, beam_size
+        self.length_alpha, self.length_penalty_kind = length_alpha, length_penalty_kind
+        self.stop_when_beam_full = stop_when_beam_full
+        self.greedy = GreedySearch(end_id, length_alpha, length_penalty_kind) if keep_greedy else None
+        self.rows_per_source = beam_size + 1 if keep_greedy else beam_size
+
+    def penalty(self, lengths):
+        return length_penalty(lengths, self.length_alpha, self.length_penalty_kind)
+
+    def initial(self, batch, steps):
+        # Only the first beam is live at the start, or every beam would be the same.
+        first_beam_only = tf.concat([[0.0], tf.fill([self.beam_size - 1], NEG_INF)], axis=0)
+        no_sequences = tf.zeros([batch, self.beam_size, steps], tf.int32)
+        return BeamState(
+            done=tf.zeros([batch, 2 if self.greedy else 1], tf.bool),  # the beams done; the greedy path finished
+            live=no_sequences,
+            live_log_probs=tf.tile(first_beam_only[None], [batch, 1]),
+            final=no_sequences,
+            final_scores=tf.fill([batch, self.beam_size], NEG_INF),
+            final_count=tf.zeros([batch], tf.int32),
+            greedy=self.greedy.initial(batch, steps) if self.greedy else (),
+        )
+
+    @staticmethod
+    def finished(state):
+        return tf.reduce_all(state.done, axis=1)
+
+    def answers(self, state):
+        """Each sentence's answer so far: its best final hypothesis, or its greedy path where that scores higher."""
+        best = state.final[:, 0], state.final_scores[:, 0]  # top_k keeps them sorted
+        return higher_scoring(best, self.greedy.answers(state.greedy)) if self.greedy else best
+
+    def advance(self, state, log_probs, position, max_lengths):
+        """One step: `(next tokens, parents, state)`, tokens and parents `(sentences, rows_per_source)`.
+
+        A parent is the row (of this step's) whose cache the next token's row continues.
+        """
+        searching = tf.shape(max_lengths)[0]
+        vocab_size = log_probs.shape[-1] or tf.shape(log_probs)[-1]
+        log_probs = tf.reshape(log_probs, [searching, self.rows_per_source, vocab_size])
+        state, beam_done, parents, next_tokens = self._extend_beams(state, log_probs, position, max_lengths)
+        sentence_offsets = tf.range(searching)[:, None] * self.rows_per_source
+        parents = sentence_offsets + parents
+        if not self.greedy:
+            return next_tokens, parents, state._replace(done=beam_done[:, None])
+        # The greedy row keeps its own cache. It stops once it cannot beat the
+        # best final hypothesis (the same bound as the beams'): then the beams
+        # win whatever it does, and the batch need not wait for it.
+        chosen, greedy_state = self.greedy.pick(state.greedy, log_probs[:, self.beam_size], position, max_lengths)
+        hopeless = _cannot_be_beaten(state.final_scores[:, 0], state.final_count,
+                                     greedy_state.log_prob_sum[:, None], position, max_lengths, self.penalty)
+        greedy_state = greedy_state._replace(finished=greedy_state.finished | hopeless)
+        parents = tf.concat([parents, sentence_offsets + self.beam_size], axis=1)
+        next_tokens = tf.concat([next_tokens, chosen[:, None]], axis=1)
+        done = tf.stack([beam_done, greedy_state.finished], axis=1)
+        return next_tokens, parents, state._replace(done=done, greedy=greedy_state)
+
+    def _extend_beams(self, state, log_probs, position, max_lengths):
+        """Extend the live hypotheses by every token; set the ended ones aside; keep the best `beam_size` live.
+
+        Returns `(state, beams done (sentences,), parents, next tokens)`,
+        parents the beam each next token extends, `(sentences, beam_size)`.
+        """
+        beam_size, searching = self.beam_size, tf.shape(max_lengths)[0]
+        candidates_kept = 2 * beam_size  # enough that beam_size of them did not end
+        vocab_size = log_probs.shape[-1] or tf.shape(log_probs)[-1]
+        extensions = tf.reshape(state.live_log_probs[:, :, None] + log_probs[:, :beam_size], [searching, -1])
+        top_log_probs, top = tf.math.top_k(extensions, k=candidates_kept)
+        beam_index, tokens = top // vocab_size, top % vocab_size
+        top_sequences = write_column(tf.gather(state.live, beam_index, batch_dims=1), position, tokens)
+        ends = (tokens == self.end_id) | (position + 1 >= max_lengths[:, None])
+
+        # Set the ended ones among the first beam_size aside, scored.
+        beam_done = state.done[:, 0]
+        within_beam = tf.range(candidates_kept)[None, :] < beam_size
+        new_final = ends & within_beam & ~beam_done[:, None] & (top_log_probs > NEG_INF / 2)
+        new_scores = tf.where(new_final, top_log_probs / self.penalty(position + 1), NEG_INF)
+        final_count = state.final_count + tf.reduce_sum(tf.cast(new_final, tf.int32), axis=1)
+        final_scores, best = tf.math.top_k(tf.concat([state.final_scores, new_scores], axis=1), k=beam_size)
+        final = tf.gather(tf.concat([state.final, top_sequences], axis=1), best, batch_dims=1)
+
+        # The best beam_size that did not end carry on, each with its parent's cache.
+        live_log_probs, best = tf.math.top_k(tf.where(ends, NEG_INF, top_log_probs), k=beam_size)
+        beam_done |= _cannot_be_beaten(final_scores[:, 0], final_count, live_log_probs, position, max_lengths,
+                                       self.penalty)
+        beam_done |= position + 1 >= max_lengths
+        if self.stop_when_beam_full:
+            beam_done |= final_count >= beam_size
+        state = state._replace(live=tf.gather(top_sequences, best, batch_dims=1), live_log_probs=live_log_probs,
+                               final=final, final_scores=final_scores, final_count=final_count)
+        return state, beam_done, tf.gather(beam_index, best, batch_dims=1), tf.gather(tokens, best, batch_dims=1)
+
+
 def beam_search(
     step_fn,
     cache,
@@ -351,7 +493,6 @@ def beam_search(
     length_alpha=0.6,
     context=(),
     cache_batch_axis=0,
-    stop_early=True,
     keep_greedy=False,
     drop_finished=True,
     rules=None,
@@ -390,9 +531,6 @@ def beam_search(
             its rows read.
         max_lengths: `(batch,)` int32, one limit per sentence.
         cache_batch_axis: the rows' axis in every cache tensor.
-        stop_early: end a sentence once its best final hypothesis cannot be
-            beaten (False: only once it has `beam_size` of them; the same
-            result, in more steps).
         keep_greedy: follow the greedy path too, and return it where it
             scores better.
         stop_when_beam_full: a sentence is done once `beam_size` of its
@@ -405,113 +543,9 @@ def beam_search(
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`.
     """
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
-    max_lengths = tf.convert_to_tensor(max_lengths, tf.int32)
-    batch = tf.shape(max_lengths)[0]
-    steps = num_steps(max_lengths)
-    rows_per_sentence = beam_size + 1 if keep_greedy else beam_size
-    candidates_kept = 2 * beam_size  # enough that beam_size of them did not end
-    within_beam = tf.range(candidates_kept)[None, :] < beam_size
-    greedy = _GreedyPath(end_id) if keep_greedy else None
-    rules = rules or TokenRules.ours(start_id)
-
-    def penalty(lengths):
-        return length_penalty(lengths, length_alpha, length_penalty_kind)
-
-    def found(search):
-        """Each sentence's answer so far: its best final hypothesis, or its greedy path where that scores higher."""
-        best = search.final[:, 0], search.final_scores[:, 0]  # top_k keeps them sorted
-        return higher_scoring(best, greedy.result(search.greedy, length_alpha, length_penalty_kind)) if keep_greedy else best
-
-    def not_done(step, sentences, cache, context, last, search, results):
-        return (step < steps) & ~tf.reduce_all(search.done)
-
-    def one_step(step, sentences, cache, context, last, search, results):
-        live, live_log_probs = search.live, search.live_log_probs
-        final, final_scores, final_count = search.final, search.final_scores, search.final_count
-        max_lengths = sentences.max_lengths
-        searching = tf.shape(max_lengths)[0]
-        row_limits = tf.repeat(max_lengths, rows_per_sentence)
-        log_probs, cache = _log_probs(step_fn, last, cache, step, context, rules, end_id, row_limits)
-        vocab_size = log_probs.shape[-1] or tf.shape(log_probs)[-1]
-        log_probs = tf.reshape(log_probs, [searching, rows_per_sentence, vocab_size])
-        extensions = tf.reshape(live_log_probs[:, :, None] + log_probs[:, :beam_size], [searching, -1])
-        top_log_probs, top = tf.math.top_k(extensions, k=candidates_kept)
-        beam_index, tokens = top // vocab_size, top % vocab_size
-        top_sequences = write_column(tf.gather(live, beam_index, batch_dims=1), step, tokens)
-        ends = (tokens == end_id) | (step + 1 >= max_lengths[:, None])
-
-        # Set the ended ones among the first beam_size aside, scored.
-        beam_done = search.done[:, 0]
-        new_final = ends & within_beam & ~beam_done[:, None] & (top_log_probs > NEG_INF / 2)
-        new_scores = tf.where(new_final, top_log_probs / penalty(step + 1), NEG_INF)
-        final_count += tf.reduce_sum(tf.cast(new_final, tf.int32), axis=1)
-        final_scores, best = tf.math.top_k(tf.concat([final_scores, new_scores], axis=1), k=beam_size)
-        final = tf.gather(tf.concat([final, top_sequences], axis=1), best, batch_dims=1)
-
-        # The best beam_size that did not end carry on, each with its parent's cache.
-        live_log_probs, best = tf.math.top_k(tf.where(ends, NEG_INF, top_log_probs), k=beam_size)
-        if stop_early:
-            beam_done |= _cannot_be_beaten(final_scores[:, 0], final_count, live_log_probs, step, max_lengths,
-                                           penalty)
-        live = tf.gather(top_sequences, best, batch_dims=1)
-        sentence_offsets = tf.range(searching)[:, None] * rows_per_sentence
-        parents = sentence_offsets + tf.gather(beam_index, best, batch_dims=1)
-        next_tokens = tf.gather(tokens, best, batch_dims=1)
-        beam_done |= step + 1 >= max_lengths
-        if stop_when_beam_full:
-            beam_done |= final_count >= beam_size
-        greedy_state = search.greedy
-        if keep_greedy:
-            # The greedy row keeps its own cache. It stops once it cannot beat the
-            # best final hypothesis (the same bound as the beams'): then the beams
-            # win whatever it does, and the batch need not wait for it.
-            chosen, greedy_state = greedy.advance(greedy_state, log_probs[:, beam_size], step, max_lengths)
-            hopeless = _cannot_be_beaten(final_scores[:, 0], final_count, greedy_state.log_prob_sum[:, None], step,
-                                         max_lengths, penalty)
-            greedy_state = greedy_state._replace(finished=greedy_state.finished | hopeless)
-            parents = tf.concat([parents, sentence_offsets + beam_size], axis=1)
-            next_tokens = tf.concat([next_tokens, chosen[:, None]], axis=1)
-            done = tf.stack([beam_done, greedy_state.finished], axis=1)
-        else:
-            done = beam_done[:, None]
-        search = BeamState(done, live, live_log_probs, final, final_scores, final_count, greedy_state)
-        if drop_finished:
-            # parents index this step's rows: gathering the cache by the kept
-            # sentences' parents below drops the others' rows at no extra cost.
-            results, (sentences, (search, parents, next_tokens, context)), _ = _drop_finished(
-                tf.reduce_all(done, axis=1), sentences, lambda: found(search), results,
-                (search, parents, next_tokens, context), [], rows_per_sentence)
-        cache = _take(cache, tf.reshape(parents, [-1]), cache_batch_axis)
-        return step + 1, sentences, cache, context, tf.reshape(next_tokens, [-1]), search, results
-
-    # Only the first beam is live at the start, or every beam would be the same.
-    first_beam_only = tf.concat([[0.0], tf.fill([beam_size - 1], NEG_INF)], axis=0)
-    no_sequences = tf.zeros([batch, beam_size, steps], tf.int32)
-    search = BeamState(
-        done=tf.zeros([batch, 2 if keep_greedy else 1], tf.bool),  # the beams done; the greedy path finished
-        live=no_sequences,
-        live_log_probs=tf.tile(first_beam_only[None], [batch, 1]),
-        final=no_sequences,
-        final_scores=tf.fill([batch, beam_size], NEG_INF),
-        final_count=tf.zeros([batch], tf.int32),
-        greedy=greedy.initial(batch, steps) if keep_greedy else (),
-    )
-    initial = (
-        tf.constant(0),
-        Sentences(tf.range(batch), max_lengths),
-        cache,
-        context,
-        tf.fill([batch * rows_per_sentence], tf.cast(start_id, tf.int32)),
-        search,
-        _no_results(batch, steps),
-    )
-    _, sentences, _, _, _, search, results = tf.while_loop(
-        not_done, one_step, initial, shape_invariants=_loop_shapes(initial, 2)
-    )
-    # Without drop_finished every sentence is still here; with it, none is.
-    return _set_aside(results, sentences.places, found(search))
+    strategy = BeamSearch(end_id, beam_size, length_alpha, length_penalty_kind, keep_greedy, stop_when_beam_full)
+    return _search(strategy, step_fn, cache, start_id, end_id, max_lengths, context, cache_batch_axis,
+                   drop_finished, rules)
 
 
 def _cannot_be_beaten(best_final, final_count, live_log_probs, step, max_lengths, penalty):

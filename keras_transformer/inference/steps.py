@@ -14,7 +14,7 @@ the Transformer's API:
 3. each step runs the decoder on the newest token alone, reading the
    earlier positions' keys and values from the self-attention cache and
    writing the new position's in place at the step's index
-   (`model.decode(..., cache=..., cache_index=index)`). The cache starts
+   (`model.decode_step(tokens, cache, index)`). The cache starts
    with room for `INITIAL_CACHE_ROOM` positions and doubles when full
    (`grow_cache`): most translations are far shorter than the longest
    allowed, and every step copies its cache (beam search reorders it) and
@@ -79,7 +79,7 @@ def grow_cache(cache, index, max_length):
     return tf.cond(index < room, lambda: cache, doubled)
 
 
-def transformer_step(model, source_ids, max_length, beams=1, use_cache=True, growing_cache=True):
+def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache=True, growing_cache=True):
     """Encode `source_ids` once; return the searches' step function, its initial cache and its context.
 
     Args:
@@ -87,8 +87,8 @@ def transformer_step(model, source_ids, max_length, beams=1, use_cache=True, gro
         source_ids: `(batch, source_length)` int32, 0 = padding.
         max_length: the most output positions the cache will hold
             (`search.num_steps` of the searches' `max_lengths`).
-        beams: rows per sentence: the step function and the cache serve
-            `batch * beams` rows, a sentence's rows next to each other, as
+        rows_per_source: rows per source sentence: the step function and the
+            cache serve `batch * rows_per_source` rows, a sentence's rows next to each other, as
             `beam_search` expects (`beam_size`, plus 1 with `keep_greedy`);
             the context holds one row per sentence.
         use_cache: decode on the key/value cache; else every step re-runs
@@ -122,9 +122,9 @@ def transformer_step(model, source_ids, max_length, beams=1, use_cache=True, gro
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)
     memory = model.encode(source_ids)
     source_mask = padding_mask(source_ids)
-    # Rows per sentence (beams), next to each other: the self-attention cache is repeated
+    # A sentence's rows (its beams), next to each other: the self-attention cache is repeated
     # once here; the recomputing reference repeats the context at every step.
-    repeat = lambda value, axis=0: tf.repeat(value, beams, axis=axis) if beams > 1 else value  # noqa: E731
+    repeat = lambda value, axis=0: tf.repeat(value, rows_per_source, axis=axis) if rows_per_source > 1 else value  # noqa: E731
     context = {"source_mask": source_mask}
 
     if not use_cache:
@@ -137,7 +137,7 @@ def transformer_step(model, source_ids, max_length, beams=1, use_cache=True, gro
             return logits[:, -1], prefix
 
         context["memory"] = memory
-        return recomputing_step, tf.zeros([tf.shape(source_ids)[0] * beams, max_length], tf.int32), context
+        return recomputing_step, tf.zeros([tf.shape(source_ids)[0] * rows_per_source, max_length], tf.int32), context
 
     room = tf.minimum(INITIAL_CACHE_ROOM, max_length) if growing_cache else max_length
     caches = model.build_cache(memory, room)
@@ -156,9 +156,9 @@ def transformer_step(model, source_ids, max_length, beams=1, use_cache=True, gro
             {"self_attention": own, "cross_attention": source}
             for own, source in zip(cache, context["source_keys_values"])
         ]
-        logits, layers = model.decode(
-            tokens[:, None], encoder_padding_mask=context["source_mask"], cache=layers, cache_index=index,
-            output_kernel=output_kernel, rows_per_source=beams,
+        logits, layers = model.decode_step(
+            tokens[:, None], layers, index, encoder_padding_mask=context["source_mask"],
+            output_kernel=output_kernel, rows_per_source=rows_per_source,
         )
         return logits[:, 0], [layer["self_attention"] for layer in layers]
 
@@ -191,7 +191,7 @@ def language_model_step(model, batch_size, max_length, use_cache=True):
 
     def cached_step(tokens, cache, index, context):
         layers = [{"self_attention": own} for own in cache]
-        logits, layers = model.decode(tokens[:, None], cache=layers, cache_index=index)
+        logits, layers = model.decode_step(tokens[:, None], layers, index)
         return logits[:, 0], [layer["self_attention"] for layer in layers]
 
     return cached_step, [layer["self_attention"] for layer in model.build_cache(batch_size, max_length)]
@@ -208,7 +208,7 @@ def language_model_prefill(model):
 
     def prefill(tokens, cache):
         layers = [{"self_attention": own} for own in cache]
-        _, layers = model.decode(tokens, cache=layers, cache_index=0)
+        _, layers = model.decode_step(tokens, layers, 0)
         return [layer["self_attention"] for layer in layers]
 
     return prefill
@@ -272,11 +272,12 @@ def transformer_search(
                   cache_batch_axis=cache_batch_axis(use_cache), drop_finished=not static_shapes, rules=rules,
                   length_penalty_kind=length_penalty_kind)
     if beam_size == 1:
-        rows_per_sentence = 1
+        rows_per_source = 1
     else:  # with keep_greedy, the greedy path is one more row per sentence in the same steps
-        rows_per_sentence = beam_size + 1 if keep_greedy else beam_size
-    step_fn, cache, context = transformer_step(model, source_ids, num_steps(max_lengths), beams=rows_per_sentence,
-                                               use_cache=use_cache, growing_cache=not static_shapes)
+        rows_per_source = beam_size + 1 if keep_greedy else beam_size
+    step_fn, cache, context = transformer_step(model, source_ids, num_steps(max_lengths),
+                                               rows_per_source=rows_per_source, use_cache=use_cache,
+                                               growing_cache=not static_shapes)
     if beam_size == 1:
         return greedy_search(step_fn, cache, context=context, **search)
     return beam_search(step_fn, cache, beam_size=beam_size, context=context, keep_greedy=keep_greedy,

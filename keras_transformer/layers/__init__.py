@@ -1,7 +1,8 @@
 """The Transformer's building blocks, one concept per module.
 
 Read them in this order: `masks`, `attention`, `dropout`, `positional`, `embedding`,
-`feed_forward`, `sublayers`, `stack`, `encoder`, `decoder`, `pooling`. Two helpers serve
+`feed_forward`, `sublayers`, `stack`, `encoder`, `decoder`, `pooling`; then what
+builds on attention: `local_attention` (windows) and `cached_attention` (decoding). Two helpers serve
 them all: `checks` (argument checks) and `config` (each layer declares its
 hyperparameters once; `get_config` follows).
 """
@@ -11,6 +12,7 @@ from keras_transformer.layers.attention import (
     fused_dot_product_attention,
     scaled_dot_product_attention,
 )
+from keras_transformer.layers.cached_attention import CachedMultiHeadAttention
 from keras_transformer.layers.config import Hyperparameters
 from keras_transformer.layers.decoder import Decoder, DecoderLayer
 from keras_transformer.layers.dropout import Dropout
@@ -35,6 +37,7 @@ from keras_transformer.layers.sublayers import AttentionSublayer, FeedForwardSub
 __all__ = [
     "AttentionPooling",
     "AttentionSublayer",
+    "CachedMultiHeadAttention",
     "Decoder",
     "DecoderLayer",
     "Dropout",

@@ -6,23 +6,29 @@ encoder stack. ... This masking, combined with fact that the output
 embeddings are offset by one position, ensures that the predictions for
 position i can depend only on the known outputs at positions less than i."
 
+`DecoderLayer.call` and `Decoder.call` are the paper's full pass over a
+target sentence. Decoding one token at a time has its own methods beside
+them:
+
 **Incremental decoding.** `Decoder.build_cache` returns one dict per layer,
 
-    {"self_attention":  (2, batch, heads, max_length, key_dim)   zeros,
-     "cross_attention": (2, batch, heads, source_length, key_dim)}  (if any)
+    {"self_attention":  (2, batch, heads, max_length, head_dim)   zeros,
+     "cross_attention": (2, batch, heads, source_length, head_dim)}  (if any)
 
-and `Decoder(new_ids, cache=cache, cache_index=t)` runs only the new
-positions t, t+1, ..., returning `(outputs, updated_cache)`. A cross-attention
-cache may also be a `(keys, values)` pair, each `(batch, heads,
-source_length, key_dim)`: sentences on axis 0, as decoding's context keeps them.
+and `Decoder.decode_step(new_ids, cache, cache_index=t)` runs only the new
+positions t, t+1, ..., returning `(outputs, updated_cache)` (the cache
+tensors: `layers.cached_attention`). A cross-attention cache may also be a
+`(keys, values)` pair, each `(batch, heads, source_length, head_dim)`:
+sentences on axis 0, as decoding's context keeps them.
 
 **Beams share their source.** A beam search decodes several rows per
-sentence (its beams), which all attend to the same source. With
-`rows_per_source=k`, the encoder output or cross-attention cache holds one
-row per sentence, and each serves k consecutive rows of the target: for
-cross-attention those rows become k query positions of one row. Every query
-attends on its own, so the result is the same; the source's keys and values
-are stored and read once per sentence, not once per beam.
+source sentence (its beams), which all attend to the same source. With
+`rows_per_source=k`, the cross-attention cache holds one row per sentence,
+and each serves k consecutive rows of the target
+(`DecoderLayer.attend_to_shared_source`): those rows become k query
+positions of one row. Every query attends on its own, so the result is the
+same; the source's keys and values are stored and read once per sentence,
+not once per beam.
 """
 
 import keras
@@ -34,14 +40,6 @@ from keras_transformer.layers.encoder import EncoderLayer
 from keras_transformer.layers.masks import keras_mask, padding_mask
 from keras_transformer.layers.stack import TransformerStack
 from keras_transformer.layers.sublayers import AttentionSublayer, FeedForwardSublayer
-
-
-def _positions_as_rows(weights, rows_per_source, length):
-    """Cross-attention weights `(sentences, heads, rows_per_source * length, keys)` -> `(rows, heads, length, keys)`."""
-    sentences, heads, keys = ops.shape(weights)[0], ops.shape(weights)[1], ops.shape(weights)[3]
-    weights = ops.reshape(weights, (sentences, heads, rows_per_source, length, keys))
-    weights = ops.transpose(weights, (0, 2, 1, 3, 4))
-    return ops.reshape(weights, (sentences * rows_per_source, heads, length, keys))
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -77,15 +75,10 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
         training: whether dropout is active.
         return_attention_scores: also return `{"self_attention": ...,
             "cross_attention": ...}`, each `(batch, heads, q_len, k_len)`.
-        cache: this layer's cache dict (see the module docstring).
-        cache_index: number of positions already in the self-attention cache.
-        rows_per_source: how many consecutive rows of `inputs` share each row
-            of `encoder_outputs` or of the cross-attention cache (a beam
-            search's rows of one sentence; see the module docstring).
 
     Returns:
-        `(batch, length, d_model)`, then the scores dict when asked, then the
-        updated cache when given.
+        `(batch, length, d_model)`, or `(outputs, scores)` when
+        `return_attention_scores`. Decoding on a cache: `decode_step`.
 
     Example:
     >>> layer = DecoderLayer(num_heads=8, d_ff=2048)
@@ -114,7 +107,7 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
         check_positive_int(num_heads=num_heads, d_ff=d_ff)
         self.store_hyperparameters(locals())
         # As in `EncoderLayer`, each sub-block gets the settings it shares with this layer.
-        attention = dict(self.shared_hyperparameters(AttentionSublayer), dtype=self.dtype_policy)
+        attention = dict(self.shared_hyperparameters(AttentionSublayer), dtype=self.dtype_policy, cached=True)
         self.self_attention = AttentionSublayer(**attention, causal=True, name="self_attention")
         # `sliding_window` limits self-attention only; cross-attention has a
         # window of its own, centred where each target position predicts its
@@ -155,79 +148,73 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
         encoder_padding_mask=None,
         training=None,
         return_attention_scores=False,
-        cache=None,
-        cache_index=None,
-        rows_per_source=1,
     ):
-        check_positive_int(rows_per_source=rows_per_source)
         if padding_mask is None:
             padding_mask = keras_mask(inputs)
         if encoder_padding_mask is None and encoder_outputs is not None:
             encoder_padding_mask = keras_mask(encoder_outputs)
-        cache = dict(cache) if cache is not None else None
         scores = {}
 
-        def run(block, name, block_inputs, block_mask, **arguments):
-            """Call one sub-block; file its scores and cache under `name`."""
-            results = block(
-                block_inputs,
-                inputs_mask=block_mask,
-                training=training,
-                return_attention_scores=return_attention_scores,
-                **arguments,
-            )
-            if not isinstance(results, tuple):
+        def scored(results, name):
+            """A sub-layer's outputs; its attention weights filed under `name` when asked for."""
+            if not return_attention_scores:
                 return results
-            results = list(results)
-            block_outputs = results.pop(0)
-            if return_attention_scores:
-                scores[name] = results.pop(0)
-            if results:
-                cache[name] = results.pop(0)
-            return block_outputs
+            outputs, scores[name] = results
+            return outputs
 
-        outputs = run(
-            self.self_attention,
-            "self_attention",
-            inputs,
-            padding_mask,
-            cache=cache["self_attention"] if cache is not None else None,
-            cache_index=cache_index,
-        )
+        attending = dict(training=training, return_attention_scores=return_attention_scores)
+        outputs = scored(self.self_attention(inputs, inputs_mask=padding_mask, **attending), "self_attention")
         if self.cross_attention_block is not None:
-            cross_cache = cache.get("cross_attention") if cache is not None else None
-            if encoder_outputs is None and cross_cache is None:
-                raise ValueError(
-                    "this DecoderLayer has cross-attention: pass encoder_outputs "
-                    "(or a cache holding 'cross_attention')"
-                )
-            queries, queries_mask = outputs, padding_mask
-            if rows_per_source > 1:  # a sentence's rows as positions of one row: consecutive, so a reshape
-                rows, length, width = (ops.shape(outputs)[axis] for axis in range(3))
-                queries = ops.reshape(outputs, (-1, rows_per_source * length, width))
-                if padding_mask is not None:
-                    queries_mask = ops.reshape(padding_mask, (-1, rows_per_source * length))
-            outputs = run(
-                self.cross_attention_block,
+            if encoder_outputs is None:
+                raise ValueError("this DecoderLayer has cross-attention: pass encoder_outputs")
+            outputs = scored(
+                self.cross_attention_block(
+                    outputs, encoder_outputs, inputs_mask=padding_mask, context_mask=encoder_padding_mask, **attending
+                ),
                 "cross_attention",
-                queries,
-                queries_mask,
-                context=None if cross_cache is not None else encoder_outputs,
-                context_mask=encoder_padding_mask,
-                cache=cross_cache,
             )
-            if rows_per_source > 1:
-                outputs = ops.reshape(outputs, (rows, length, width))
-                if return_attention_scores:
-                    scores["cross_attention"] = _positions_as_rows(scores["cross_attention"], rows_per_source, length)
         outputs = self.feed_forward(outputs, training=training)
+        return (outputs, scores) if return_attention_scores else outputs
 
-        results = (outputs,)
-        if return_attention_scores:
-            results += (scores,)
-        if cache is not None:
-            results += (cache,)
-        return results[0] if len(results) == 1 else results
+    def decode_step(self, inputs, cache, cache_index, encoder_padding_mask=None, rows_per_source=1):
+        """The layer on new positions `inputs` at `cache_index`, with `cache` (see the module docstring).
+
+        Args:
+            inputs: `(rows, new, d_model)`, the positions after the cached ones.
+            cache: this layer's cache dict.
+            cache_index: number of positions already in the self-attention cache.
+            encoder_padding_mask: `(sentences, source_length)`.
+            rows_per_source: consecutive rows of `inputs` per row of the
+                cross-attention cache (a beam search's rows of one sentence).
+
+        Returns:
+            `(outputs (rows, new, d_model), updated cache dict)`.
+        """
+        check_positive_int(rows_per_source=rows_per_source)
+        cache = dict(cache)
+        outputs, cache["self_attention"] = self.self_attention.decode_step(inputs, cache["self_attention"], cache_index)
+        if self.cross_attention_block is not None:
+            if "cross_attention" not in cache:
+                raise ValueError("this DecoderLayer has cross-attention: its cache needs 'cross_attention'")
+            outputs = self.attend_to_shared_source(
+                outputs, cache["cross_attention"], encoder_padding_mask, rows_per_source
+            )
+        return self.feed_forward(outputs), cache
+
+    def attend_to_shared_source(self, queries, source_cache, source_mask, rows_per_source):
+        """Cross-attention where each source row serves `rows_per_source` consecutive rows of `queries`.
+
+        A sentence's rows (its beams) become positions of one row, a
+        reshape since they are consecutive: every query still attends on
+        its own, and the source's keys and values are read once per
+        sentence, not once per beam.
+        """
+        if rows_per_source == 1:
+            return self.cross_attention_block.decode_step(queries, source_cache, context_mask=source_mask)[0]
+        rows, length, width = (ops.shape(queries)[axis] for axis in range(3))
+        per_sentence = ops.reshape(queries, (-1, rows_per_source * length, width))
+        outputs, _ = self.cross_attention_block.decode_step(per_sentence, source_cache, context_mask=source_mask)
+        return ops.reshape(outputs, (rows, length, width))
 
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
         return inputs_shape
@@ -253,15 +240,10 @@ class Decoder(TransformerStack):
         return_attention_scores: also return a dict from
             "layer_{i}/self_attention" and "layer_{i}/cross_attention" to
             `(batch, heads, q_len, k_len)`.
-        cache: from `build_cache`; then `token_ids` are the new positions.
-        cache_index: how many positions the cache already holds.
-        rows_per_source: consecutive rows of `token_ids` per row of
-            `encoder_outputs` or of the cross-attention cache (see the
-            module docstring).
 
     Returns:
-        `(batch, length, d_model)`, then scores when asked, then the updated
-        cache when given.
+        `(batch, length, d_model)`, or `(outputs, scores)` when
+        `return_attention_scores`. Decoding on a cache: `decode_step`.
 
     Example:
     >>> decoder = Decoder(num_layers=2, vocab_size=1000, d_model=64, num_heads=4,
@@ -303,44 +285,42 @@ class Decoder(TransformerStack):
         encoder_padding_mask=None,
         training=None,
         return_attention_scores=False,
-        cache=None,
-        cache_index=None,
-        rows_per_source=1,
     ):
         if encoder_padding_mask is None and encoder_outputs is not None:
             encoder_padding_mask = keras_mask(encoder_outputs)
-        if cache is not None and cache_index is None:
-            raise ValueError("a decoding cache needs cache_index, the number of positions it holds")
-        start_index = 0 if cache_index is None else cache_index
-        target_mask = None if cache is not None else padding_mask(token_ids)
-        outputs = self.embedding(token_ids, start_index=start_index, training=training)
-        scores, new_cache = {}, []
+        target_mask = padding_mask(token_ids)
+        outputs = self.embedding(token_ids, training=training)
+        scores = {}
         for index, layer in enumerate(self.decoder_layers):
-            results = layer(
+            outputs = layer(
                 outputs,
                 encoder_outputs,
                 padding_mask=target_mask,
                 encoder_padding_mask=encoder_padding_mask,
                 training=training,
                 return_attention_scores=return_attention_scores,
-                cache=cache[index] if cache is not None else None,
-                cache_index=cache_index,
-                rows_per_source=rows_per_source,
             )
-            results = list(results) if isinstance(results, tuple) else [results]
-            outputs = results.pop(0)
             if return_attention_scores:
-                scores.update(self._prefixed_scores(index, results.pop(0)))
-            if cache is not None:
-                new_cache.append(results.pop(0))
+                outputs, layer_scores = outputs
+                scores.update(self._prefixed_scores(index, layer_scores))
         outputs = self._finish(outputs)
+        return (outputs, scores) if return_attention_scores else outputs
 
-        results = (outputs,)
-        if return_attention_scores:
-            results += (scores,)
-        if cache is not None:
-            results += (new_cache,)
-        return results[0] if len(results) == 1 else results
+    def decode_step(self, token_ids, cache, cache_index, encoder_padding_mask=None, rows_per_source=1):
+        """The new positions `token_ids` `(rows, new)` at `cache_index`, on `cache` (from `build_cache`).
+
+        `rows_per_source`: consecutive rows of `token_ids` per row of the
+        cross-attention caches (see the module docstring). Returns
+        `(outputs (rows, new, d_model), updated cache)`.
+        """
+        outputs = self.embedding(token_ids, start_index=cache_index)
+        new_cache = []
+        for layer, layer_cache in zip(self.decoder_layers, cache):
+            outputs, layer_cache = layer.decode_step(
+                outputs, layer_cache, cache_index, encoder_padding_mask, rows_per_source
+            )
+            new_cache.append(layer_cache)
+        return self._finish(outputs), new_cache
 
     def compute_output_shape(self, token_ids_shape, encoder_outputs_shape=None):
         return tuple(token_ids_shape) + (self.d_model,)

@@ -19,6 +19,7 @@ layer adds a second, cross-attention `AttentionSublayer` between them.
 import keras
 
 from keras_transformer.layers.attention import MultiHeadAttention
+from keras_transformer.layers.cached_attention import CachedMultiHeadAttention
 from keras_transformer.layers.checks import check_positive_int, check_rate
 from keras_transformer.layers.config import Hyperparameters
 from keras_transformer.layers.dropout import Dropout
@@ -40,13 +41,13 @@ class ResidualSublayer(Hyperparameters, keras.layers.Layer):
         self.supports_masking = True
 
     def _residual(self, inputs, sublayer, training):
-        """Apply `sublayer` (returning a tuple: outputs first) with the residual around it."""
+        """`sublayer` (returning `(outputs, extra)`) with the residual around it: `(outputs, extra)`."""
         sublayer_inputs = self.norm(inputs) if self.norm_first else inputs
-        outputs, *extras = sublayer(sublayer_inputs)
+        outputs, extra = sublayer(sublayer_inputs)
         outputs = inputs + self.output_dropout(outputs, training=training)
         if not self.norm_first:
             outputs = self.norm(outputs)
-        return outputs, extras
+        return outputs, extra
 
     def compute_output_shape(self, inputs_shape, *args, **kwargs):
         return inputs_shape
@@ -69,19 +70,18 @@ class AttentionSublayer(ResidualSublayer):
         window_alignment: where the window is centred, "monotonic" or
             "predictive" (see `MultiHeadAttention`).
         attention_dropout: dropout on attention weights (not in the paper).
-        key_dim: per-head size; d_model // num_heads by default.
+        cached: the attention can decode on a cache (a decoder's:
+            `CachedMultiHeadAttention` and `decode_step`).
 
     Call arguments:
         inputs: `(batch, length, d_model)`.
         context: `(batch, context_length, d_context)` or None.
         inputs_mask, context_mask: `(batch, length)` padding masks; taken
             from the tensors' Keras masks when not given.
-        training, return_attention_scores, cache, cache_index: as for
-            `MultiHeadAttention`.
+        training, return_attention_scores: as for `MultiHeadAttention`.
 
     Returns:
-        `outputs`, then the attention weights when asked, then the cache when
-        given, as `MultiHeadAttention` orders them.
+        `outputs`, or `(outputs, weights)` when `return_attention_scores`.
 
     Example:
     >>> block = AttentionSublayer(num_heads=4, causal=True)
@@ -94,7 +94,7 @@ class AttentionSublayer(ResidualSublayer):
         "sliding_window",
         "window_alignment",
         "attention_dropout",
-        "key_dim",
+        "cached",
     )
 
     def __init__(
@@ -107,14 +107,14 @@ class AttentionSublayer(ResidualSublayer):
         sliding_window=None,
         window_alignment="monotonic",
         attention_dropout=0.0,
-        key_dim=None,
+        cached=False,
         **kwargs,
     ):
         super().__init__(dropout=dropout, norm_first=norm_first, epsilon=epsilon, **kwargs)
         self.store_hyperparameters(locals())
-        self.attention = MultiHeadAttention(
+        attention = CachedMultiHeadAttention if cached else MultiHeadAttention
+        self.attention = attention(
             num_heads,
-            key_dim=key_dim,
             dropout=attention_dropout,
             sliding_window=sliding_window,
             window_alignment=window_alignment,
@@ -134,34 +134,46 @@ class AttentionSublayer(ResidualSublayer):
         context_mask=None,
         training=None,
         return_attention_scores=False,
-        cache=None,
-        cache_index=None,
     ):
         if inputs_mask is None:
             inputs_mask = keras_mask(inputs)
-        # Cross-attention: over `context`, or over its precomputed cache.
-        is_cross_attention = context is not None or (cache is not None and cache_index is None)
         if context is not None and context_mask is None:
             context_mask = keras_mask(context)
 
         def attend(queries):
             results = self.attention(
                 queries,
-                # Passing the same tensor as value marks self-attention,
-                # which the attention layer projects with one fused matmul.
-                context if context is not None else queries,
+                context,  # None: self-attention
                 query_mask=inputs_mask,
-                value_mask=context_mask if is_cross_attention else inputs_mask,
+                value_mask=inputs_mask if context is None else context_mask,
                 use_causal_mask=self.causal,
                 return_attention_scores=return_attention_scores,
                 training=training,
+            )
+            return results if return_attention_scores else (results, None)
+
+        outputs, weights = self._residual(inputs, attend, training)
+        return (outputs, weights) if return_attention_scores else outputs
+
+    def decode_step(self, inputs, cache, cache_index=None, inputs_mask=None, context_mask=None):
+        """The sub-layer on a decoding cache: `(outputs, cache)` (see `CachedMultiHeadAttention`).
+
+        With `cache_index`, self-attention over the cached positions and
+        `inputs`, written into the cache; without, attention over the fixed
+        context the cache holds (`context_mask` its padding).
+        """
+
+        def attend(queries):
+            return self.attention(
+                queries,
+                query_mask=inputs_mask,
+                value_mask=context_mask,
+                use_causal_mask=self.causal,
                 cache=cache,
                 cache_index=cache_index,
             )
-            return results if isinstance(results, tuple) else (results,)
 
-        outputs, extras = self._residual(inputs, attend, training)
-        return outputs if not extras else (outputs, *extras)
+        return self._residual(inputs, attend, training=False)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -216,7 +228,5 @@ class FeedForwardSublayer(ResidualSublayer):
         self.norm.build(inputs_shape)
 
     def call(self, inputs, training=None):
-        outputs, _ = self._residual(
-            inputs, lambda x: (self.feed_forward(x, training=training),), training
-        )
+        outputs, _ = self._residual(inputs, lambda x: (self.feed_forward(x, training=training), None), training)
         return outputs

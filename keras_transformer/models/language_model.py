@@ -120,19 +120,19 @@ class LanguageModel(MultiWorkerFit, Hyperparameters, keras.Model):
         # Softmax and cross-entropy over a large vocabulary need float32.
         return ops.cast(logits, "float32")
 
-    def decode(self, token_ids, training=None, return_attention_scores=False, cache=None, cache_index=None):
-        """Logits for `token_ids`; with a cache, for the new positions only.
-
-        Returns logits, then scores when asked, then the new cache when given.
-        """
+    def decode(self, token_ids, training=None, return_attention_scores=False):
+        """Logits for `token_ids` (a full pass); `(logits, scores)` when `return_attention_scores`."""
         self._ensure_built()
-        results = self.decoder(
-            token_ids, training=training, return_attention_scores=return_attention_scores,
-            cache=cache, cache_index=cache_index,
-        )
-        if isinstance(results, tuple):
-            return (self.logits(results[0]),) + tuple(results[1:])
-        return self.logits(results)
+        decoded = self.decoder(token_ids, training=training, return_attention_scores=return_attention_scores)
+        if return_attention_scores:
+            return self.logits(decoded[0]), decoded[1]
+        return self.logits(decoded)
+
+    def decode_step(self, token_ids, cache, cache_index):
+        """Logits for the new positions `token_ids` at `cache_index`, on `cache`: `(logits, cache)`."""
+        self._ensure_built()
+        outputs, cache = self.decoder.decode_step(token_ids, cache, cache_index)
+        return self.logits(outputs), cache
 
     def call(self, token_ids, training=None, return_attention_scores=False):
         decoded = self.decode(token_ids, training=training, return_attention_scores=return_attention_scores)

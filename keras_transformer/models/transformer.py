@@ -181,50 +181,45 @@ class Transformer(MultiWorkerFit, Hyperparameters, keras.Model):
         batch_size = ops.shape(encoder_outputs)[0]
         return self.decoder.build_cache(batch_size, max_length, encoder_outputs)
 
-    def decode(
-        self,
-        target_ids,
-        encoder_outputs=None,
-        encoder_padding_mask=None,
-        training=None,
-        return_attention_scores=False,
-        cache=None,
-        cache_index=None,
-        output_kernel=None,
-        rows_per_source=1,
-    ):
-        """Logits for `target_ids`; with a cache, for the new positions only.
-
-        `output_kernel`: with `tie_output`, `tied_output_kernel()` made once
-        by a decoding loop (else every call transposes the embeddings).
-        `rows_per_source`: consecutive rows of `target_ids` per row of
-        `encoder_outputs` or of the cross-attention caches (a beam search's
-        rows of one sentence, `layers.decoder`).
-        Returns logits, then scores when asked, then the new cache when given.
-        """
+    def decode(self, target_ids, encoder_outputs, encoder_padding_mask=None, training=None,
+               return_attention_scores=False):
+        """Logits for `target_ids` (a full pass); `(logits, scores)` when `return_attention_scores`."""
         self._ensure_built()
-        results = self.decoder(
+        decoded = self.decoder(
             target_ids,
             encoder_outputs,
             encoder_padding_mask=encoder_padding_mask,
             training=training,
             return_attention_scores=return_attention_scores,
-            cache=cache,
-            cache_index=cache_index,
-            rows_per_source=rows_per_source,
         )
-        if isinstance(results, tuple):
-            return (self.logits(results[0], output_kernel),) + tuple(results[1:])
-        return self.logits(results, output_kernel)
+        if return_attention_scores:
+            return self.logits(decoded[0]), decoded[1]
+        return self.logits(decoded)
+
+    def decode_step(self, target_ids, cache, cache_index, encoder_padding_mask=None, output_kernel=None,
+                    rows_per_source=1):
+        """Logits for the new positions `target_ids` at `cache_index`, on `cache`: `(logits, cache)`.
+
+        `output_kernel`: with `tie_output`, `tied_output_kernel()` made once
+        by a decoding loop (else every step transposes the embeddings).
+        `rows_per_source`: consecutive rows of `target_ids` per row of the
+        cross-attention caches (a beam search's rows of one sentence,
+        `layers.decoder`).
+        """
+        self._ensure_built()
+        outputs, cache = self.decoder.decode_step(
+            target_ids, cache, cache_index, encoder_padding_mask=encoder_padding_mask, rows_per_source=rows_per_source
+        )
+        return self.logits(outputs, output_kernel), cache
 
     def tied_output_kernel(self):
         """With `tie_output`, the pre-softmax projection's `(d_model, tgt_vocab)` kernel: the embeddings, transposed.
 
         A decoding loop makes it once and passes it to every step's
-        `decode(..., output_kernel=...)`: TensorFlow multiplies by a matrix
-        stored transposed markedly slower than by one laid out for the
-        product (greedy decoding 1.3x faster on a 10,000-token vocabulary,
-        BENCHMARKS.md), and the transposition need not be repeated.
+        `decode_step(..., output_kernel=...)`: TensorFlow multiplies by a
+        matrix stored transposed markedly slower than by one laid out for
+        the product (BENCHMARKS.md), and the transposition need not be
+        repeated.
         """
         if not self.tie_output:
             raise ValueError("tied_output_kernel is for a Transformer with tie_output=True")

@@ -1,0 +1,76 @@
+"""Local attention: each query sees a window of keys (Luong et al. 2015, Section 3.2).
+
+"Effective Approaches to Attention-based Neural Machine Translation" lets
+each query see only the 2D+1 keys around an aligned position p_t:
+
+* monotonic (`window_alignment="monotonic"`): p_t = t, the query's own
+  position; a sliding window, which `masks.sliding_window_mask` draws.
+* predictive (`"predictive"`): each query predicts where it is aligned,
+
+      p_t = S * sigmoid(v_p^T tanh(W_p h_t))        (S: the real keys' count)
+
+  attends to the keys s within [p_t - D, p_t + D], and its weights are
+  multiplied by a Gaussian centred there,
+
+      a_t(s) = softmax(scores)_s * exp(-(s - p_t)^2 / (2 sigma^2)),  sigma = D / 2,
+
+  which is what trains W_p and v_p: the window's edges have no gradient, the
+  Gaussian does. Every head predicts its own p_t (one column of v_p each).
+  It depends on the query alone, so a decoding step computes it as a full
+  pass does.
+
+`MultiHeadAttention(sliding_window=D, window_alignment=...)` owns W_p and v_p
+and takes the window as a mask and the Gaussian as a weighting of equation
+(1)'s weights (`scaled_dot_product_attention(weight_scale=...)`).
+"""
+
+from keras import ops
+
+from keras_transformer.layers.checks import check_positive_int
+
+MONOTONIC, PREDICTIVE = "monotonic", "predictive"
+WINDOW_ALIGNMENTS = (MONOTONIC, PREDICTIVE)
+
+
+def check_window(sliding_window, window_alignment):
+    """Refuse a window that is not a positive D, or an alignment we do not know, in one line."""
+    if sliding_window is not None:
+        check_positive_int(sliding_window=sliding_window)
+    if window_alignment not in WINDOW_ALIGNMENTS:
+        raise ValueError(f"window_alignment must be one of {WINDOW_ALIGNMENTS}, got {window_alignment!r}")
+    if window_alignment == PREDICTIVE and sliding_window is None:
+        raise ValueError("window_alignment='predictive' needs sliding_window, the window's half-width D")
+
+
+def aligned_positions(query, alignment_kernel, alignment_vector, key_mask, key_length):
+    """p_t = S sigmoid(v_p^T tanh(W_p h_t)): `(batch, heads, query_length)` float32 positions in [0, S].
+
+    Args:
+        query: `(batch, query_length, d_model)`, the h_t.
+        alignment_kernel: W_p, `(d_model, d_model)`.
+        alignment_vector: v_p, `(d_model, heads)`: one column per head.
+        key_mask: `(batch, key_length)` padding mask, or None.
+        key_length: the keys' count; S is each sentence's number of real
+            keys (from `key_mask`), or `key_length` when nothing is padded.
+    """
+    hidden = ops.tanh(ops.matmul(query, alignment_kernel))
+    fraction = ops.sigmoid(ops.cast(ops.matmul(hidden, alignment_vector), "float32"))
+    if key_mask is None:
+        source_length = ops.cast(key_length, "float32")
+    else:
+        source_length = ops.sum(ops.cast(key_mask, "float32"), axis=-1)[:, None, None]
+    return ops.transpose(source_length * fraction, (0, 2, 1))
+
+
+def predictive_window(positions, key_length, half_width):
+    """The window `(batch, heads, query_length, key_length)` of keys within `half_width` of each p_t,
+    and the Gaussian (sigma = D / 2) its weights are multiplied by.
+
+    Example:
+    >>> window, gaussian = predictive_window(ops.ones((1, 2, 3)) * 4.0, key_length=10, half_width=2)
+    >>> window.shape, gaussian.shape  # ((1, 2, 3, 10), (1, 2, 3, 10))
+    """
+    distance = ops.cast(ops.arange(key_length), "float32")[None, None, None, :] - positions[..., None]
+    window = ops.abs(distance) <= half_width
+    sigma = half_width / 2.0
+    return window, ops.exp(-ops.square(distance) / (2.0 * sigma * sigma))
