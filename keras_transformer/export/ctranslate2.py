@@ -79,6 +79,55 @@ def special_tokens(source_tokenizer, target_tokenizer):
             "decoder_start_token": start}
 
 
+def _array(variable):
+    return np.array(variable.numpy(), dtype=np.float32)  # a copy: quantization works in place
+
+
+def _set_linear(spec, kernel, bias):
+    spec.weight = np.ascontiguousarray(kernel.T)
+    spec.bias = bias
+
+
+def _set_norm(spec, layer):
+    spec.gamma, spec.beta = _array(layer.gamma), _array(layer.beta)
+
+
+def _set_attention(spec, sublayer, fused_query):
+    """An `AttentionSublayer` into CTranslate2's multi-head attention spec (its LayerNorm included)."""
+    weights = sublayer.attention
+    d_model = weights.output_dim
+    query = _array(weights.query_kernel).reshape(d_model, -1)
+    key_value = _array(weights.key_value_kernel).reshape(d_model, 2, -1)
+    query_bias = _array(weights.query_bias).reshape(-1)
+    key_value_bias = _array(weights.key_value_bias).reshape(2, -1)
+    output = _array(weights.output_kernel).reshape(-1, d_model)
+    kernels = [query, key_value[:, 0], key_value[:, 1]]
+    biases = [query_bias, key_value_bias[0], key_value_bias[1]]
+    if fused_query:  # self-attention: one linear for Q, K and V
+        _set_linear(spec.linear[0], np.concatenate(kernels, axis=1), np.concatenate(biases))
+        _set_linear(spec.linear[1], output, _array(weights.output_bias))
+    else:  # cross-attention: Q from the decoder, K and V from the encoder's output
+        _set_linear(spec.linear[0], query, query_bias)
+        _set_linear(spec.linear[1], np.concatenate(kernels[1:], axis=1), np.concatenate(biases[1:]))
+        _set_linear(spec.linear[2], output, _array(weights.output_bias))
+    _set_norm(spec.layer_norm, sublayer.norm)
+
+
+def _set_feed_forward(spec, sublayer):
+    network = sublayer.feed_forward
+    _set_linear(spec.linear_0, _array(network.hidden.kernel), _array(network.hidden.bias))
+    _set_linear(spec.linear_1, _array(network.projection.kernel), _array(network.projection.bias))
+    _set_norm(spec.layer_norm, sublayer.norm)
+
+
+def _position_table(model, stack):
+    embedding = stack.embedding.position_embedding
+    if model.position == "learned":
+        return _array(embedding.position_embeddings)
+    # The sinusoids as the layer built them: the paper's, Marian's or fairseq's layout.
+    return np.array(embedding.encoding, np.float32)
+
+
 def model_spec(model, source_vocab, target_vocab, special=None):
     """CTranslate2's `TransformerSpec` of `model` (a float32 `keras_transformer.models.Transformer`), validated.
 
@@ -87,49 +136,6 @@ def model_spec(model, source_vocab, target_vocab, special=None):
     from ctranslate2.specs import common_spec, transformer_spec
 
     check_convertible(model)
-
-    def array(variable):
-        return np.array(variable.numpy(), dtype=np.float32)  # a copy: quantization works in place
-
-    def linear(spec, kernel, bias):
-        spec.weight = np.ascontiguousarray(kernel.T)
-        spec.bias = bias
-
-    def norm(spec, layer):
-        spec.gamma, spec.beta = array(layer.gamma), array(layer.beta)
-
-    def attention(spec, sublayer, fused_query):
-        weights = sublayer.attention
-        d_model = weights.output_dim
-        query = array(weights.query_kernel).reshape(d_model, -1)
-        key_value = array(weights.key_value_kernel).reshape(d_model, 2, -1)
-        query_bias = array(weights.query_bias).reshape(-1)
-        key_value_bias = array(weights.key_value_bias).reshape(2, -1)
-        output = array(weights.output_kernel).reshape(-1, d_model)
-        kernels = [query, key_value[:, 0], key_value[:, 1]]
-        biases = [query_bias, key_value_bias[0], key_value_bias[1]]
-        if fused_query:  # self-attention: one linear for Q, K and V
-            linear(spec.linear[0], np.concatenate(kernels, axis=1), np.concatenate(biases))
-            linear(spec.linear[1], output, array(weights.output_bias))
-        else:  # cross-attention: Q from the decoder, K and V from the encoder's output
-            linear(spec.linear[0], query, query_bias)
-            linear(spec.linear[1], np.concatenate(kernels[1:], axis=1), np.concatenate(biases[1:]))
-            linear(spec.linear[2], output, array(weights.output_bias))
-        norm(spec.layer_norm, sublayer.norm)
-
-    def feed_forward(spec, sublayer):
-        network = sublayer.feed_forward
-        linear(spec.linear_0, array(network.hidden.kernel), array(network.hidden.bias))
-        linear(spec.linear_1, array(network.projection.kernel), array(network.projection.bias))
-        norm(spec.layer_norm, sublayer.norm)
-
-    def positions(stack):
-        embedding = stack.embedding.position_embedding
-        if model.position == "learned":
-            return array(embedding.position_embeddings)
-        # The sinusoids as the layer built them: the paper's, Marian's or fairseq's layout.
-        return np.array(embedding.encoding, np.float32)
-
     spec = transformer_spec.TransformerSpec.from_config(
         model.num_layers, model.num_heads, pre_norm=model.norm_first,
         activation=getattr(common_spec.Activation, _ACTIVATIONS[model.activation]),
@@ -137,25 +143,25 @@ def model_spec(model, source_vocab, target_vocab, special=None):
     spec.config.layer_norm_epsilon = model.epsilon
     for name, token in (special or OUR_SPECIAL_TOKENS).items():
         setattr(spec.config, name, token)
-    spec.encoder.embeddings[0].weight = array(model.encoder.embedding.embeddings)
-    spec.decoder.embeddings.weight = array(model.decoder.embedding.embeddings)
-    spec.encoder.position_encodings.encodings = positions(model.encoder)
-    spec.decoder.position_encodings.encodings = positions(model.decoder)
+    spec.encoder.embeddings[0].weight = _array(model.encoder.embedding.embeddings)
+    spec.decoder.embeddings.weight = _array(model.decoder.embedding.embeddings)
+    spec.encoder.position_encodings.encodings = _position_table(model, model.encoder)
+    spec.decoder.position_encodings.encodings = _position_table(model, model.decoder)
     for layer_spec, layer in zip(spec.encoder.layer, model.encoder.encoder_layers):
-        attention(layer_spec.self_attention, layer.self_attention, fused_query=True)
-        feed_forward(layer_spec.ffn, layer.feed_forward)
+        _set_attention(layer_spec.self_attention, layer.self_attention, fused_query=True)
+        _set_feed_forward(layer_spec.ffn, layer.feed_forward)
     for layer_spec, layer in zip(spec.decoder.layer, model.decoder.decoder_layers):
-        attention(layer_spec.self_attention, layer.self_attention, fused_query=True)
-        attention(layer_spec.attention, layer.cross_attention_block, fused_query=False)
-        feed_forward(layer_spec.ffn, layer.feed_forward)
+        _set_attention(layer_spec.self_attention, layer.self_attention, fused_query=True)
+        _set_attention(layer_spec.attention, layer.cross_attention_block, fused_query=False)
+        _set_feed_forward(layer_spec.ffn, layer.feed_forward)
     if model.norm_first:  # pre-LN stacks end with a LayerNorm
-        norm(spec.encoder.layer_norm, model.encoder.final_norm)
-        norm(spec.decoder.layer_norm, model.decoder.final_norm)
+        _set_norm(spec.encoder.layer_norm, model.encoder.final_norm)
+        _set_norm(spec.decoder.layer_norm, model.decoder.final_norm)
     if model.tie_output:
-        spec.decoder.projection.weight = array(model.decoder.embedding.embeddings)
-        spec.decoder.projection.bias = array(model.output_bias)
+        spec.decoder.projection.weight = _array(model.decoder.embedding.embeddings)
+        spec.decoder.projection.bias = _array(model.output_bias)
     else:
-        linear(spec.decoder.projection, array(model.output_projection.kernel), array(model.output_projection.bias))
+        _set_linear(spec.decoder.projection, _array(model.output_projection.kernel), _array(model.output_projection.bias))
     spec.register_source_vocabulary(list(source_vocab))
     spec.register_target_vocabulary(list(target_vocab))
     spec.validate()

@@ -112,31 +112,7 @@ def _train(config, run_dir, verbose, overwrite):
     callbacks = runs.training_callbacks(
         run_dir, settings, state, epoch_variables=[train_epoch], averaged_weights=settings["ema_momentum"] is not None
     )
-    sample = examples["val"][: max(settings["projector_samples"], settings["attention_samples"])]
-    # Only [CLS] rows and attention pooling show what the label was read from.
-    if settings["attention_samples"] and config["model"]["pooling"] in ClassifierAttentionLogger.POOLINGS:
-        watched = sample[: settings["attention_samples"]]
-        callbacks.append(
-            ClassifierAttentionLogger(
-                text_tokenizer.tokenize_with_cls(tf.constant([text for text, _ in watched]), max_length).numpy(),
-                [text for text, _ in watched],
-                [label for _, label in watched],
-                text_tokenizer,
-                runs.log_path(run_dir, "samples"),
-                class_names=load_class_names(run_dir),
-            )
-        )
-    sample = sample[: settings["projector_samples"]]
-    if len(sample) >= 3:
-        sample_texts = [example_text for example_text, _ in sample]
-        callbacks.append(
-            EmbeddingProjectorLogger(
-                text_tokenizer.tokenize_with_cls(tf.constant(sample_texts), max_length).numpy(),
-                [label for _, label in sample],
-                sample_texts,
-                runs.log_path(run_dir, "embeddings"),
-            )
-        )
+    callbacks += _sample_callbacks(run_dir, settings, config["model"]["pooling"], examples["val"], text_tokenizer)
     if settings["steps_per_epoch"]:
         train_batches = train_batches.repeat()
     training_metrics = runs.fit(
@@ -151,6 +127,39 @@ def _train(config, run_dir, verbose, overwrite):
         run_dir,
         {"val": {"accuracy": round(float(accuracy), 4), "examples": len(examples["val"])}, "training": training_metrics},
     )
+
+
+def _sample_callbacks(run_dir, settings, pooling, val_examples, text_tokenizer):
+    """The callbacks that watch a few validation texts: their attention, and their embeddings in the projector."""
+    callbacks = []
+    sample = val_examples[: max(settings["projector_samples"], settings["attention_samples"])]
+    # Only [CLS] rows and attention pooling show what the label was read from.
+    if settings["attention_samples"] and pooling in ClassifierAttentionLogger.POOLINGS:
+        watched = sample[: settings["attention_samples"]]
+        callbacks.append(
+            ClassifierAttentionLogger(
+                text_tokenizer.tokenize_with_cls(
+                    tf.constant([text for text, _ in watched]), settings["max_length"]
+                ).numpy(),
+                [text for text, _ in watched],
+                [label for _, label in watched],
+                text_tokenizer,
+                runs.log_path(run_dir, "samples"),
+                class_names=load_class_names(run_dir),
+            )
+        )
+    sample = sample[: settings["projector_samples"]]
+    if len(sample) >= 3:
+        sample_texts = [example_text for example_text, _ in sample]
+        callbacks.append(
+            EmbeddingProjectorLogger(
+                text_tokenizer.tokenize_with_cls(tf.constant(sample_texts), settings["max_length"]).numpy(),
+                [label for _, label in sample],
+                sample_texts,
+                runs.log_path(run_dir, "embeddings"),
+            )
+        )
+    return callbacks
 
 
 def load_config(run_dir):

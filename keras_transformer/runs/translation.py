@@ -269,30 +269,8 @@ def _train(config, run_dir, verbose, overwrite, chief_run_dir):
         name: token_shards(run_dir, name, split, source_tokenizer, target_tokenizer, chief_run_dir)
         for name, split in splits.items()
     }
-    batching = dict(
-        max_length=settings["max_length"],
-        tokens_per_batch=settings["tokens_per_batch"] if not settings["batch_size"] else None,
-        batch_size=settings["batch_size"],
-        long_pairs=settings["long_pairs"],
-        batch_multiple=replicas,
-    )
-    if spans_workers(strategy):
-        train_dataset, train_batches = _worker_batches(
-            strategy, shards["train"], source_tokenizer, target_tokenizer, settings, batching
-        )
-    else:
-        train_batches = data.make_translation_batches(
-            shards["train"], source_tokenizer, target_tokenizer, shuffle=True, seed=settings["seed"], **batching
-        )
-        train_dataset = train_batches.dataset.repeat() if settings["steps_per_epoch"] else train_batches.dataset
-    val_batches = data.make_translation_batches(
-        shards["val"], source_tokenizer, target_tokenizer, shuffle=False, **batching
-    )
-    skipped = ", ".join(f"{count} {problem}" for problem, count in shards["train"].skipped.items() if count)
-    logger.info(
-        "training pairs: %d kept, %d dropped and %d truncated for max_length=%d%s",
-        train_batches.num_pairs, train_batches.num_dropped, train_batches.num_truncated, settings["max_length"],
-        f"; lines skipped: {skipped}" if skipped else "",
+    train_dataset, train_batches, val_batches = _training_batches(
+        strategy, shards, source_tokenizer, target_tokenizer, settings
     )
 
     with strategy.scope():
@@ -326,6 +304,36 @@ def _train(config, run_dir, verbose, overwrite, chief_run_dir):
     )
     runs.update_metrics(run_dir, {"training": metrics})
     return metrics
+
+
+def _training_batches(strategy, shards, source_tokenizer, target_tokenizer, settings):
+    """`(the dataset fit trains on, its TranslationBatches, the validation TranslationBatches)`."""
+    batching = dict(
+        max_length=settings["max_length"],
+        tokens_per_batch=settings["tokens_per_batch"] if not settings["batch_size"] else None,
+        batch_size=settings["batch_size"],
+        long_pairs=settings["long_pairs"],
+        batch_multiple=strategy.num_replicas_in_sync,
+    )
+    if spans_workers(strategy):
+        train_dataset, train_batches = _worker_batches(
+            strategy, shards["train"], source_tokenizer, target_tokenizer, settings, batching
+        )
+    else:
+        train_batches = data.make_translation_batches(
+            shards["train"], source_tokenizer, target_tokenizer, shuffle=True, seed=settings["seed"], **batching
+        )
+        train_dataset = train_batches.dataset.repeat() if settings["steps_per_epoch"] else train_batches.dataset
+    val_batches = data.make_translation_batches(
+        shards["val"], source_tokenizer, target_tokenizer, shuffle=False, **batching
+    )
+    skipped = ", ".join(f"{count} {problem}" for problem, count in shards["train"].skipped.items() if count)
+    logger.info(
+        "training pairs: %d kept, %d dropped and %d truncated for max_length=%d%s",
+        train_batches.num_pairs, train_batches.num_dropped, train_batches.num_truncated, settings["max_length"],
+        f"; lines skipped: {skipped}" if skipped else "",
+    )
+    return train_dataset, train_batches, val_batches
 
 
 def _worker_batches(strategy, shards, source_tokenizer, target_tokenizer, settings, batching):
