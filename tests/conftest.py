@@ -29,7 +29,28 @@ if ON_TENSORFLOW:
     )
 
 
+# The files that take longest (docs/tests.md, "Where the time goes"), longest first. `make test`
+# hands whole files to two xdist workers in collection order: starting the long ones first keeps a
+# worker from starting one of them when the other has nothing left to do.
+LONGEST_FILES = (
+    "test_multi_worker.py",
+    "test_export.py",
+    "test_search.py",
+    "test_run_directory.py",
+    "test_pretrained.py",
+    "test_pretraining.py",
+    "test_attention_explorer.py",
+    "test_language_model_export.py",
+)
+
+
+def _longest_first(item):
+    name = item.path.name
+    return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_longest_first)  # stable: each file's own tests keep their order
     if ON_TENSORFLOW:
         return
     skip = pytest.mark.skip(reason=f"TensorFlow by nature; this run uses the {keras.backend.backend()} backend")
