@@ -96,7 +96,8 @@ print(json.dumps({"seconds": seconds, "sentences_per_second": len(sentences) / s
 """
 
 IMPORT = r"""
-import json, resource, sys, time
+import json, os, resource, sys, time
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # as `keras-transformer import-hf` starts TensorFlow
 started = time.perf_counter()
 from keras_transformer.runs import translation
 imported = time.perf_counter()

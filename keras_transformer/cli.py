@@ -241,7 +241,9 @@ def _add_import_hf_command(commands):
                           "eng_Latn)")
     imported.add_argument("--target-lang", metavar="CODE", help="the language to translate into: M2M100's or NLLB's "
                           "code (de; deu_Latn), or a multilingual OPUS-MT model's >>CODE<< token put before every text")
-    imported.set_defaults(handler=_import_hf)
+    # An import computes nothing, and oneDNN keeps every buffer TensorFlow frees for reuse: for an
+    # import, the weights' transient copies held to the end (docs/pretrained.md, "Memory").
+    imported.set_defaults(handler=_import_hf, tensorflow_environment={"TF_ENABLE_ONEDNN_OPTS": "0"})
 
 
 def _add_average_checkpoints_command(commands):
@@ -646,6 +648,8 @@ def main(argv=None):
     if problem:
         print(f"keras-transformer: error: {problem}", file=sys.stderr)
         return 2
+    for name, value in getattr(arguments, "tensorflow_environment", {}).items():
+        os.environ.setdefault(name, value)  # read once, when TensorFlow starts: a user's setting wins
     startup.start_tensorflow_quietly()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from keras_transformer.training import TrainingInterrupted

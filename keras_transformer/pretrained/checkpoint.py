@@ -85,7 +85,10 @@ class LazyWeights:
 
     Holding every tensor at once would double an import's memory (the
     checkpoint's arrays beside the model's variables); read one at a time,
-    each is freed once copied into its variable.
+    each is freed once copied into its variable. Each read opens its file
+    anew: safetensors maps the whole file, and the pages a read touched
+    would otherwise stay resident until the last tensor is read (another
+    copy of the weights, by the end).
     """
 
     def __init__(self, files):
@@ -94,16 +97,19 @@ class LazyWeights:
         self._files = {}
         for file in files:
             try:
-                handle = safe_open(file, framework="np")
+                with safe_open(file, framework="np") as handle:
+                    self._files.update({name: file for name in handle.keys()})
             except Exception as error:  # safetensors raises its own error types for damaged files
                 raise CheckpointError(f"{file} cannot be read as safetensors ({first_line(error)})") from None
-            self._files.update({name: handle for name in handle.keys()})
 
     def __contains__(self, name):
         return name in self._files
 
     def __getitem__(self, name):
-        return _widened(self._files[name].get_tensor(name))
+        from safetensors import safe_open
+
+        with safe_open(self._files[name], framework="np") as handle:
+            return _widened(handle.get_tensor(name))
 
     def keys(self):
         return self._files.keys()

@@ -41,6 +41,10 @@ class WeightReader:
         return sorted(set(self.weights.keys()) - self.used)
 
 
+# Rows of an embedding table copied in one piece (16 MiB at d_model 512).
+EMBEDDING_ROWS_AT_ONCE = 8192
+
+
 def assign(variable, value, name):
     value = np.asarray(value, np.float32)
     if tuple(variable.shape) != value.shape:
@@ -51,14 +55,22 @@ def assign(variable, value, name):
 def assign_embeddings(variable, embeddings, name):
     """`(vocab, d)` checkpoint embeddings into our `(vocab + 1, d)` table: row 0 (our padding) zeros, theirs after.
 
-    Written in place, in two slices: the largest matrix of a checkpoint is not copied once more.
+    Written in place, a block of rows at a time, by scattering rows into the
+    variable: the largest matrix of a checkpoint is not copied whole once
+    more. (A sliced `assign` would read the variable first, and TensorFlow
+    copies a variable that something else reads before writing into it.)
     """
+    import tensorflow as tf
+
     embeddings = np.asarray(embeddings, np.float32)
     if tuple(variable.shape) != (embeddings.shape[0] + ID_OFFSET, embeddings.shape[1]):
         raise ValueError(f"{name}: the checkpoint's shape {embeddings.shape} does not fit {tuple(variable.shape)}")
-    table = variable.value  # the backend's variable, which takes a sliced assignment
-    table[:ID_OFFSET].assign(np.zeros((ID_OFFSET, embeddings.shape[1]), np.float32))
-    table[ID_OFFSET:].assign(embeddings)
+    table = variable.value  # the backend's variable, which takes a scatter
+    table.scatter_update(tf.IndexedSlices(np.zeros((ID_OFFSET, embeddings.shape[1]), np.float32), tf.range(ID_OFFSET)))
+    for start in range(0, embeddings.shape[0], EMBEDDING_ROWS_AT_ONCE):
+        rows = embeddings[start : start + EMBEDDING_ROWS_AT_ONCE]
+        positions = tf.range(ID_OFFSET + start, ID_OFFSET + start + rows.shape[0])
+        table.scatter_update(tf.IndexedSlices(rows, positions))
 
 
 def set_dense(dense, read, prefix):

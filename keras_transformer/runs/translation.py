@@ -147,12 +147,14 @@ def import_checkpoint(checkpoint_dir, run_dir, source_lang=None, target_lang=Non
     place, so a failed import leaves nothing behind.
     """
     from keras_transformer import pretrained
-    from keras_transformer.saving import save_model, write_json
+    from keras_transformer.saving import release_freed_memory, save_model, write_json
 
     if os.path.exists(run_dir):
         raise FileExistsError(f"{run_dir} already exists: pick a new run directory")
     started = time.time()
     model, source_tokenizer, target_tokenizer, decoding = pretrained.load(checkpoint_dir, source_lang, target_lang)
+    # What reading freed goes back to the system before saving makes copies of its own.
+    release_freed_memory()
     model_config = {key: value for key, value in model.get_config().items()
                     if key in models.Transformer.hyperparameters and key not in ("src_vocab_size", "tgt_vocab_size",
                                                                                 "max_length")}
