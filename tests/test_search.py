@@ -366,11 +366,11 @@ def test_searches_return_what_a_random_step_function_scores_them(cache_batch_axi
                 assert TOY_START not in row
 
 
-@pytest.mark.parametrize("beams, stop_early", [(1, True), (2, True), (2, False), (3, True)])
-def test_the_greedy_path_beside_the_beams_returns_the_better_of_both_searches(beams, stop_early, monkeypatch):
+@pytest.mark.parametrize("beams, early_stop", [(1, True), (2, True), (2, False), (3, True)])
+def test_the_greedy_path_beside_the_beams_returns_the_better_of_both_searches(beams, early_stop, monkeypatch):
     # keep_greedy follows the greedy path as one more row per sentence, in the
     # beam search's own steps: exactly the better of the two searches run apart.
-    if not stop_early:
+    if not early_stop:
         never_beaten(monkeypatch)
     greedy_won = 0
     for seed in range(8):
@@ -392,7 +392,7 @@ def test_the_greedy_path_beside_the_beams_returns_the_better_of_both_searches(be
         assert greedy_won > 0  # the greedy row made a difference somewhere
 
 
-def sentence_tables_step(tables, rows_per_sentence, rows_seen=None):
+def sentence_tables_step(tables, rows_per_source, rows_seen=None):
     """A trigram model per sentence: the context says which table each sentence's rows read (its own)."""
     log_tables = tf.math.log(tf.constant(tables, tf.float32))
 
@@ -400,7 +400,7 @@ def sentence_tables_step(tables, rows_per_sentence, rows_seen=None):
         if rows_seen is not None:
             rows_seen.append(int(tf.size(tokens)))
         # The context holds a row per sentence; its rows (beams) follow one another.
-        table = tf.repeat(context["table"], rows_per_sentence)
+        table = tf.repeat(context["table"], rows_per_source)
         logits = tf.gather_nd(log_tables, tf.stack([table, cache["previous"], tokens], axis=1))
         return logits, {"previous": tokens}
 
@@ -491,16 +491,16 @@ def test_stopping_once_the_best_cannot_be_beaten_returns_the_same_in_fewer_steps
         max_lengths = rng.integers(6, 16, 4).tolist()
         for beams in (2, 4):
             found = {}
-            for stop_early in (True, False):
+            for early_stop in (True, False):
                 counted = toy_step(table)
-                if not stop_early:
+                if not early_stop:
                     never_beaten(monkeypatch)
 
-                def step_fn(tokens, cache, index, context, counted=counted, stop_early=stop_early):
-                    steps[stop_early] += 1
+                def step_fn(tokens, cache, index, context, counted=counted, early_stop=early_stop):
+                    steps[early_stop] += 1
                     return counted(tokens, cache, index, context)
 
-                found[stop_early] = beam_search(  # eager: the loop runs in Python, each step counted
+                found[early_stop] = beam_search(  # eager: the loop runs in Python, each step counted
                     step_fn, toy_cache(first, beams), TOY_START, TOY_END, max_lengths, beam_size=beams,
                     length_alpha=length_alpha,
                 )

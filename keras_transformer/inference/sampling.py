@@ -28,7 +28,7 @@ text, in a graph or out, and under XLA.
 
 import tensorflow as tf
 
-from keras_transformer.inference.search import NEG_INF, _loop_shapes, write_column
+from keras_transformer.inference.search import NEG_INF, loop_shapes, write_column
 
 
 def filter_logits(logits, temperature=1.0, top_k=None, top_p=None):
@@ -144,7 +144,7 @@ def sample(
         cache = tf.cond(start > 0, lambda: prefill_fn(prompts[:, :start], cache), lambda: cache)
     initial = (start, prompt_lengths + max_new_tokens <= 1, cache, tokens)
     _, _, _, tokens = tf.while_loop(
-        not_done, one_step, initial, shape_invariants=_loop_shapes(initial, 2, cache_grows=False)
+        not_done, one_step, initial, shape_invariants=loop_shapes(initial, 2, cache_grows=False)
     )
     # A row's text ends after [END] or at its limit; the rest is padding.
     positions = tf.range(total)[None, :]

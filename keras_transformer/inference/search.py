@@ -110,7 +110,7 @@ def _open_axis(shape, axis):
     return tf.TensorShape(dims)
 
 
-def _loop_shapes(loop_vars, cache_position, cache_grows=True):
+def loop_shapes(loop_vars, cache_position, cache_grows=True):
     """Loop-variable shapes with the rows' axis left open (sentences leave the batch; gathers lose its static size),
     and, where a step function may grow its cache, every axis of the cache."""
     shapes = [tf.nest.map_structure(lambda value: _open_axis(value.shape, 0), var) for var in loop_vars]
@@ -217,10 +217,12 @@ def _drop_finished(finished, sentences, answers, results, per_sentence, per_row,
 # -- one loop, two strategies ----------------------------------------------------------
 #
 # A strategy says what one step does with the model's log-probabilities
-# (OpenNMT-tf's decoding strategies, keras-hub's samplers): `initial` state,
-# `advance` (the next tokens, and for beam search which rows they extend),
-# `finished` sentences and their `answers`. `_search` is the loop around it:
-# the model step, the token rules, and dropping finished sentences.
+# (OpenNMT-tf's decoding strategies, keras-hub's samplers): how many rows it
+# searches per sentence (`rows_per_source`), its `initial` state, `advance`
+# (the next tokens, and for beam search which rows they extend, so that the
+# cache is reordered: `reorders_rows`), `finished` sentences and their
+# `answers`. `_search` is the loop around it: the model step, the token
+# rules, and dropping finished sentences.
 
 
 def _search(strategy, step_fn, cache, start_id, end_id, max_lengths, context, cache_batch_axis, drop_finished, rules):
@@ -263,7 +265,7 @@ def _search(strategy, step_fn, cache, start_id, end_id, max_lengths, context, ca
         _no_results(batch, steps),
     )
     _, sentences, _, _, _, state, results = tf.while_loop(
-        not_done, one_step, initial, shape_invariants=_loop_shapes(initial, 2)
+        not_done, one_step, initial, shape_invariants=loop_shapes(initial, 2)
     )
     # Without drop_finished every sentence is still here; with it, none is.
     return _set_aside(results, sentences.places, strategy.answers(state))
@@ -381,6 +383,11 @@ BeamState = collections.namedtuple(
 )
 
 
+def beam_rows_per_source(beam_size, keep_greedy):
+    """A beam search's rows per sentence: its beams, and with `keep_greedy` the greedy path beside them."""
+    return beam_size + 1 if keep_greedy else beam_size
+
+
 class BeamSearch:
     """The strategy of beam search (see `beam_search`): `rows_per_source` rows a sentence, next to each other."""
 
@@ -394,7 +401,7 @@ class BeamSearch:
         self.length_alpha, self.length_penalty_kind = length_alpha, length_penalty_kind
         self.stop_when_beam_full = stop_when_beam_full
         self.greedy = GreedySearch(end_id, length_alpha, length_penalty_kind) if keep_greedy else None
-        self.rows_per_source = beam_size + 1 if keep_greedy else beam_size
+        self.rows_per_source = beam_rows_per_source(beam_size, keep_greedy)
 
     def penalty(self, lengths):
         return length_penalty(lengths, self.length_alpha, self.length_penalty_kind)

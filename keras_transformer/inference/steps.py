@@ -30,6 +30,7 @@ limits, the step function, and greedy or beam search.
 import tensorflow as tf
 
 from keras_transformer.inference.search import (
+    beam_rows_per_source,
     beam_search,
     greedy_search,
     length_penalty,
@@ -63,7 +64,7 @@ def output_limits(model, source_ids, max_extra_length=50, max_output_length=None
 def grow_cache(cache, index, max_length):
     """A self-attention cache with room for output position `index`: doubled (to at most `max_length`) when full.
 
-    `cache` is `(2, rows, heads, room, head_dim)` (`MultiHeadAttention`'s
+    `cache` is `(2, rows, heads, room, head_dim)` (`CachedMultiHeadAttention`'s
     layout), positions below `index` filled. While `index < room` it is
     returned as it is; else with as many new zero slots as it has (fewer
     where `max_length` is nearer), so that the copies made while growing
@@ -271,10 +272,7 @@ def transformer_search(
     search = dict(start_id=start_id, end_id=end_id, max_lengths=max_lengths, length_alpha=length_alpha,
                   cache_batch_axis=cache_batch_axis(use_cache), drop_finished=not static_shapes, rules=rules,
                   length_penalty_kind=length_penalty_kind)
-    if beam_size == 1:
-        rows_per_source = 1
-    else:  # with keep_greedy, the greedy path is one more row per sentence in the same steps
-        rows_per_source = beam_size + 1 if keep_greedy else beam_size
+    rows_per_source = 1 if beam_size == 1 else beam_rows_per_source(beam_size, keep_greedy)
     step_fn, cache, context = transformer_step(model, source_ids, num_steps(max_lengths),
                                                rows_per_source=rows_per_source, use_cache=use_cache,
                                                growing_cache=not static_shapes)

@@ -325,8 +325,8 @@ class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
     def _mask(self, query, query_length, key_length, query_mask, key_padding, attention_mask, causal, **decoding):
         """The boolean mask, and the Gaussian weighting of a predictive window (else None).
 
-        `decoding`: `offset` and `valid_key_length` of a cached decoding step
-        (see `masks.merge_attention_masks`).
+        `decoding`: `offset` and `valid_key_length`, which only a cached
+        decoding step passes (`cached_attention`; see `masks.merge_attention_masks`).
         """
         mask = merge_attention_masks(
             query_length,
@@ -380,8 +380,8 @@ class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
     # -- projections -------------------------------------------------------
 
     def _weight(self, variable):
-        # Inside `call` Keras already reads weights in the compute dtype; the
-        # cache helpers run outside it and must produce that dtype too.
+        # Inside `call` Keras already reads weights in the compute dtype; methods
+        # called outside it (`CachedMultiHeadAttention.compute_cache`) must too.
         return ops.cast(variable, self.compute_dtype)
 
     # Each projection is one plain 2-D matrix product over all positions,
@@ -414,19 +414,16 @@ class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
         return tuple(ops.unstack(ops.transpose(projected, (2, 0, 3, 1, 4)), num=parts, axis=0))
 
     # Equation (1)'s 1/sqrt(d_k) is folded into W^Q (and its bias): scaling
-    # a d_model x d_model matrix is cheaper than scaling every query, except
-    # in a decoding step, whose one query per sentence is the smaller.
+    # a d_model x d_model matrix is cheaper than scaling every query.
 
     def _query_scale(self):
         return 1.0 / math.sqrt(self.head_dim)
 
-    def _project_queries(self, query, scale_outputs=False):
-        """Q W^Q / sqrt(d_k); `scale_outputs` scales the few queries of a decoding step instead of W^Q."""
+    def _project_queries(self, query):
+        """Q W^Q / sqrt(d_k): `(batch, heads, length, head_dim)`."""
         scale = ops.cast(self._query_scale(), self.compute_dtype)
         kernel = self._weight(self.query_kernel)
         bias = self._weight(self.query_bias) if self.use_bias else None
-        if scale_outputs:
-            return self._project(query, kernel, bias) * scale
         return self._project(query, kernel * scale, None if bias is None else bias * scale)
 
     def _project_keys_values(self, value, key=None):

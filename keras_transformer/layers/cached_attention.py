@@ -34,11 +34,11 @@ from keras_transformer.layers.attention import MultiHeadAttention
 
 
 def write_cache(cache, keys_values, cache_index):
-    """Write new keys/values `(batch, new, 2, heads, key_dim)` at `cache_index`.
+    """Write new keys/values `(batch, new, 2, heads, head_dim)` at `cache_index`.
 
     The new positions come in the layout their projection produces (one
     matmul with [W^K W^V], see `_project_new_keys_values`): no transpose into
-    the cache's `(2, batch, heads, length, key_dim)` is needed, because a
+    the cache's `(2, batch, heads, length, head_dim)` is needed, because a
     scatter takes every slot's place from its index. XLA (JAX's jit, or
     TensorFlow's `jit_compile`) writes a scatter into the cache in place, and
     compiles it with the positions as data, not shapes. The slots go as a
@@ -73,18 +73,18 @@ def _write_cache_in_place(cache, keys_values, cache_index):
     """
     import tensorflow as tf
 
-    parts, rows, heads, length, key_dim = tf.unstack(tf.shape(cache))
+    parts, rows, heads, length, head_dim = tf.unstack(tf.shape(cache))
     new_length = tf.shape(keys_values)[1]
-    cache_index = tf.cast(cache_index, key_dim.dtype)
-    # Seen as one line of length * key_dim values per (part, row, head), the
+    cache_index = tf.cast(cache_index, head_dim.dtype)
+    # Seen as one line of length * head_dim values per (part, row, head), the
     # new positions are one block of columns: a two-axis slice, the cheapest
     # for TensorFlow's slice kernel to address.
     lines = parts * rows * heads
-    new_columns = tf.reshape(tf.transpose(keys_values, (2, 0, 3, 1, 4)), tf.stack([lines, new_length * key_dim]))
+    new_columns = tf.reshape(tf.transpose(keys_values, (2, 0, 3, 1, 4)), tf.stack([lines, new_length * head_dim]))
     written = tf.raw_ops.TensorStridedSliceUpdate(
-        input=tf.reshape(cache, tf.stack([lines, length * key_dim])),
-        begin=tf.stack([0, cache_index * key_dim]),
-        end=tf.stack([lines, (cache_index + new_length) * key_dim]),
+        input=tf.reshape(cache, tf.stack([lines, length * head_dim])),
+        begin=tf.stack([0, cache_index * head_dim]),
+        end=tf.stack([lines, (cache_index + new_length) * head_dim]),
         strides=[1, 1],
         value=new_columns,
     )
@@ -124,7 +124,8 @@ class CachedMultiHeadAttention(MultiHeadAttention):
 
     Example:
     >>> attention = CachedMultiHeadAttention(num_heads=4)
-    >>> cache = attention.empty_cache(batch_size=2, max_length=10)  # after the layer is built
+    >>> attention.build((2, 1, 64))
+    >>> cache = attention.empty_cache(batch_size=2, max_length=10)
     >>> token = keras.random.normal((2, 1, 64))
     >>> outputs, cache = attention(token, use_causal_mask=True, cache=cache, cache_index=0)
     """
@@ -151,8 +152,7 @@ class CachedMultiHeadAttention(MultiHeadAttention):
             )
         if return_attention_scores:
             raise ValueError("attention scores come from a full pass, not from a decoding cache")
-        # The few queries of a step are cheaper to scale than W^Q.
-        queries = self._project_queries(query, scale_outputs=True)
+        queries = self._project_step_queries(query)
         if cache_index is None:
             # Cross-attention on a precomputed context: nothing more to project.
             keys, values = cache[0], cache[1]
@@ -180,6 +180,12 @@ class CachedMultiHeadAttention(MultiHeadAttention):
             )
         attended, _ = self._attend(queries, keys, values, mask, gaussian, False, training)
         return self._combine_heads(attended), cache
+
+    def _project_step_queries(self, query):
+        """Q W^Q / sqrt(d_k) for a step's few queries, which are cheaper to scale than W^Q."""
+        bias = self._weight(self.query_bias) if self.use_bias else None
+        queries = self._project(query, self._weight(self.query_kernel), bias)
+        return queries * ops.cast(self._query_scale(), self.compute_dtype)
 
     def _project_new_keys_values(self, inputs):
         """A decoding step's K and V from one matmul with [W^K W^V]: `(batch, new, 2, heads, head_dim)`.

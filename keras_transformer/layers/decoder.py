@@ -56,7 +56,7 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
     Args:
         num_heads, d_ff, dropout, norm_first, epsilon: as for `EncoderLayer`.
         cross_attention: include attention over an encoder output.
-        sliding_window: self-attention sees only the previous w positions.
+        sliding_window: D: self-attention sees only the previous D positions.
         cross_attention_window: D, for local cross-attention: each target
             position predicts the source position it is aligned with and sees
             the 2D+1 source positions around it, Gaussian-weighted (Luong et
@@ -228,7 +228,7 @@ class Decoder(TransformerStack):
         The same as `Encoder`, plus `cross_attention` (False for a
         decoder-only language model) and `cross_attention_window` (local
         cross-attention, see `DecoderLayer`). `sliding_window` limits causal self-attention to the
-        previous w positions.
+        previous D positions.
 
     Call arguments:
         token_ids: `(batch, length)` target ids (shifted right: they start

@@ -155,7 +155,7 @@ class AttentionSublayer(ResidualSublayer):
         outputs, weights = self._residual(inputs, attend, training)
         return (outputs, weights) if return_attention_scores else outputs
 
-    def decode_step(self, inputs, cache, cache_index=None, inputs_mask=None, context_mask=None):
+    def decode_step(self, inputs, cache, cache_index=None, context_mask=None):
         """The sub-layer on a decoding cache: `(outputs, cache)` (see `CachedMultiHeadAttention`).
 
         With `cache_index`, self-attention over the cached positions and
@@ -165,8 +165,7 @@ class AttentionSublayer(ResidualSublayer):
 
         def attend(queries):
             return self.attention(
-                queries,
-                query_mask=inputs_mask,
+                queries,  # decoding pads no query
                 value_mask=context_mask,
                 use_causal_mask=self.causal,
                 cache=cache,

@@ -226,7 +226,7 @@ class Transformer(MultiWorkerFit, Hyperparameters, keras.Model):
         return ops.transpose(ops.cast(self.decoder.embedding.embeddings, self.compute_dtype))
 
     def logits(self, decoder_outputs, output_kernel=None):
-        """The pre-softmax linear transformation, in float32 (`output_kernel`: see `decode`)."""
+        """The pre-softmax linear transformation, in float32 (`output_kernel`: see `decode_step`)."""
         if self.tie_output:
             if output_kernel is None:
                 output_kernel = self.tied_output_kernel()
