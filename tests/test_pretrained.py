@@ -135,6 +135,21 @@ def test_every_tensor_of_the_checkpoint_lands_in_the_model(name):
     assert read.unused() == [] and len(read.used) > 20
 
 
+def test_an_embedding_table_goes_in_block_by_block_row_for_row(monkeypatch):
+    """Tables longer than a block (OPUS-MT's 58k rows) land row for row, our padding row 0 zeros."""
+    import keras
+
+    from keras_transformer.pretrained import weights
+
+    monkeypatch.setattr(weights, "EMBEDDING_ROWS_AT_ONCE", 4)
+    theirs_table = np.random.default_rng(0).normal(size=(10, 3)).astype(np.float32)
+    table = keras.Variable(np.ones((11, 3), np.float32))
+    weights.assign_embeddings(table, theirs_table, "model.shared.weight")
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(table), np.concatenate([np.zeros((1, 3)), theirs_table]))
+    with pytest.raises(ValueError, match="does not fit"):
+        weights.assign_embeddings(table, theirs_table[:9], "model.shared.weight")
+
+
 def _translate(name, **overrides):
     translator = pretrained.load_translator(str(FIXTURES / name), **overrides)
     want, _ = expected(name)
