@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from keras_transformer.export.requests import TEXT, checked_sentences
 from keras_transformer.export.versions import version_path, write_version
+from keras_transformer.inference.tracing import graph_function
 from keras_transformer.text import CLS
 
 CLASSIFIER_SIGNATURES = {"serving_default": ("text",)}
@@ -58,7 +59,7 @@ class ClassificationService:
         self.max_length = max_length
         self.labels = list(labels)
 
-    @tf.function(input_signature=[TEXT])
+    @graph_function(input_signature=[TEXT])
     def serve(self, text):
         ids = self.tokenizer.tokenize_with_cls(checked_sentences(text), self.max_length)
         # One encoder pass gives both the embedding and the logits.

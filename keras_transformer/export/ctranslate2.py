@@ -41,6 +41,7 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
+from keras_transformer.inference.tracing import graph_function
 from keras_transformer.saving import first_line
 from keras_transformer.text import load_tokenizer
 
@@ -265,8 +266,10 @@ class CTranslate2Translator:
         self.target_tokenizer = load_tokenizer(os.path.join(model_dir, TOKENIZERS, "target"))
         # Traced once: run eagerly, the ragged tokenizer ops cost about 80 ms a call, far more than
         # CTranslate2 takes to translate a short sentence.
-        self._tokenize = tf.function(self.source_tokenizer.tokenize, input_signature=[tf.TensorSpec([None], tf.string)])
-        self._detokenize = tf.function(
+        self._tokenize = graph_function(
+            self.source_tokenizer.tokenize, input_signature=[tf.TensorSpec([None], tf.string)]
+        )
+        self._detokenize = graph_function(
             self.target_tokenizer.detokenize, input_signature=[tf.TensorSpec([None, None], tf.int32)]
         )
         self._target_index = {token: position for position, token in enumerate(self.target_tokenizer.vocab)}

@@ -35,6 +35,7 @@ from keras_transformer.export.captures import call_naming_captures, capture_name
 from keras_transformer.export.requests import TEXT, checked_rank, checked_sentences
 from keras_transformer.export.versions import version_path, write_version
 from keras_transformer.inference.generator import settings_rules
+from keras_transformer.inference.tracing import graph_function
 
 # The settings `generate` takes, in its argument order: (name, dtype).
 SETTINGS = (("seed", tf.int64), ("temperature", tf.float32), ("top_k", tf.int32), ("top_p", tf.float32),
@@ -56,14 +57,14 @@ class GenerationService:
 
     def __init__(self, generator):
         self.generator = generator
-        self._generate = tf.function(generator.generate)
+        self._generate = graph_function(generator.generate)
         self._capture_names = capture_names(generator.model)
 
     def _outputs(self, text, *settings):
         outputs = call_naming_captures(self._generate, self._capture_names, text, *settings)
         return {name: outputs[name] for name in OUTPUTS}
 
-    @tf.function(input_signature=[TEXT])
+    @graph_function(input_signature=[TEXT])
     def serve(self, text):
         defaults = self.generator.defaults
         settings = [tf.constant(0, tf.int64)] + [
@@ -71,7 +72,7 @@ class GenerationService:
         ]
         return self._outputs(checked_sentences(text), *settings)
 
-    @tf.function(input_signature=[TEXT, *(tf.TensorSpec(None, dtype, name=name) for name, dtype in SETTINGS)])
+    @graph_function(input_signature=[TEXT, *(tf.TensorSpec(None, dtype, name=name) for name, dtype in SETTINGS)])
     def generate(self, text, seed, temperature, top_k, top_p, max_new_tokens):
         text = checked_sentences(text)
         seed, temperature, top_k, top_p, max_new_tokens = (

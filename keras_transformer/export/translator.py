@@ -37,6 +37,7 @@ from keras_transformer.export.requests import (
     checked_sentences,
 )
 from keras_transformer.export.versions import version_path, write_version
+from keras_transformer.inference.tracing import graph_function
 
 SIGNATURES = {
     "serving_default": ("text",),
@@ -59,16 +60,16 @@ class TranslationService:
     def __init__(self, translator):
         self.translator = translator
         model = translator.model
-        self._logits = tf.function(lambda source_ids, target_ids: model((source_ids, target_ids), training=False))
+        self._logits = graph_function(lambda source_ids, target_ids: model((source_ids, target_ids), training=False))
         # What the signatures capture is named after the weights' paths (see `call_naming_captures`).
         self._capture_names = capture_names(model)
 
-    @tf.function(input_signature=[TEXT])
+    @graph_function(input_signature=[TEXT])
     def serve(self, text):
         outputs = call_naming_captures(self.translator.__call__, self._capture_names, checked_sentences(text))
         return {"translation": outputs["translation"], "score": outputs["score"]}
 
-    @tf.function(input_signature=[TEXT])
+    @graph_function(input_signature=[TEXT])
     def translate_with_attention(self, text):
         outputs = call_naming_captures(
             self.translator.translate_with_attention, self._capture_names, checked_sentences(text)
@@ -76,7 +77,7 @@ class TranslationService:
         names = ("translation", "score", "source_tokens", "target_tokens", "cross_attention")
         return {name: outputs[name] for name in names}
 
-    @tf.function(input_signature=[SOURCE_IDS, TARGET_IDS])
+    @graph_function(input_signature=[SOURCE_IDS, TARGET_IDS])
     def score_tokens(self, source_ids, target_ids):
         model = self.translator.model
         source_ids, target_ids = checked_id_batches(source_ids, target_ids)

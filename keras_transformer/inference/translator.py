@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from keras_transformer.inference.search import TokenRules
 from keras_transformer.inference.steps import output_length_cap, transformer_search
+from keras_transformer.inference.tracing import graph_function
 from keras_transformer.models.attention_maps import (
     CROSS,
     attention_map_names,
@@ -123,7 +124,7 @@ class Translator(tf.Module):
             "tokens": tokens,
         }
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    @graph_function(input_signature=[tf.TensorSpec([None], tf.string)])
     def __call__(self, texts):
         return self._translate(texts)[1]
 
@@ -183,7 +184,7 @@ class Translator(tf.Module):
                             "target_tokens": target, "attention": attention})
         return results
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    @graph_function(input_signature=[tf.TensorSpec([None], tf.string)])
     def translate_with_attention(self, texts):
         """`__call__`'s outputs plus `source_tokens`, `target_tokens` ((batch, None)
         strings, padded with "") and `cross_attention` (see `cross_attention`)."""
