@@ -168,12 +168,12 @@ def test_greedy_output_is_hugging_faces_token_for_token(imported):
 
 
 def test_beam_search_matches_hugging_face_or_finds_a_better_scoring_translation(imported):
-    """Where HF's search stops on its heuristic, ours searches on: never a worse score, mostly the same words."""
+    """Beam search stops as HF's does (its heuristic, no greedy path beside the beams): the same words, or a better score."""
     name, (model, _, target_tokenizer, _) = imported
     translator, want, tokens, outputs = _translate(name)
     assert translator.beam_size == 4  # generation_config.json's num_beams
     same = [ours_ == hf for ours_, hf in zip(tokens[:-1], want["beam4"]["ids"][:-1])]
-    assert sum(same) >= 0.85 * len(same), f"{sum(same)} of {len(same)} the same"
+    assert sum(same) >= 0.97 * len(same), f"{sum(same)} of {len(same)} the same"
     hf_scores = np.array(want["beam4"]["scores"])
     ours_scores = outputs["score"].numpy()
     # Where both found the same, both scored it the same (HF's sum of log-probabilities / length).

@@ -340,6 +340,25 @@ def test_beam_search_on_a_hand_written_step_function(length_alpha, sentence_1):
         np.log(0.52) if sentence_1[0] == TOY_END else np.log(0.479 * 0.9) / (7 / 6) ** length_alpha, rel=1e-5)
 
 
+def test_searching_on_after_the_beam_is_full_stops_where_hugging_faces_heuristic_does():
+    # Beam 2, Hugging Face's length penalty (sum / length). After step 1, "[END]" and "A [END]" have
+    # ended and the live "B A" scores log(0.2 * 0.99) / 2 at its present length, below both: Hugging
+    # Face's heuristic (early_stopping=False) stops there and returns "A [END]". "B A [END]" would have
+    # scored higher, log(0.2 * 0.99 * 0.99) / 3: a search that waited for every possible winner finds it.
+    table = toy_table({
+        (PAD, TOY_START): {TOY_END: 0.5, A: 0.3, B: 0.2},
+        (TOY_START, A): {TOY_END: 0.9, A: 0.05, B: 0.05},
+        (TOY_START, B): {A: 0.99, TOY_END: 0.01},
+        (B, A): {TOY_END: 0.99, A: 0.01},
+    })
+    tokens, scores = beam_search(toy_step(table), toy_cache([PAD], 2), TOY_START, TOY_END, [5], beam_size=2,
+                                 length_alpha=1.0, length_penalty_kind="hf", stop_when_beam_full=False)
+    np.testing.assert_array_equal(tokens.numpy()[0, :2], [A, TOY_END])
+    assert not tokens.numpy()[0, 2:].any()
+    assert scores.numpy()[0] == pytest.approx(np.log(0.3 * 0.9) / 2, rel=1e-5)
+    assert np.log(0.2 * 0.99 * 0.99) / 3 > np.log(0.3 * 0.9) / 2
+
+
 @pytest.mark.parametrize("cache_batch_axis", [0, 1])
 def test_searches_return_what_a_random_step_function_scores_them(cache_batch_axis):
     # A random trigram: the cache must follow every row (and every reordered

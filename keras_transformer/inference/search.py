@@ -485,6 +485,8 @@ class BeamSearch:
         beam_done |= position + 1 >= max_lengths
         if self.stop_when_beam_full:
             beam_done |= final_count >= beam_size
+        else:
+            beam_done |= _hugging_face_would_stop(final_scores, final_count, live_log_probs, position, self.penalty)
         state = state._replace(live=tf.gather(top_sequences, best, batch_dims=1), live_log_probs=live_log_probs,
                                final=final, final_scores=final_scores, final_count=final_count)
         return state, beam_done, tf.gather(beam_index, best, batch_dims=1), tf.gather(tokens, best, batch_dims=1)
@@ -541,9 +543,10 @@ def beam_search(
         keep_greedy: follow the greedy path too, and return it where it
             scores better.
         stop_when_beam_full: a sentence is done once `beam_size` of its
-            hypotheses have ended (False: it searches on while a live one can
-            still beat its best, as Hugging Face's search does, keeping the
-            best `beam_size` that ended).
+            hypotheses have ended. False: it searches on, keeping the best
+            `beam_size` that ended, until Hugging Face's heuristic stops it
+            (`_hugging_face_would_stop`, `early_stopping=False`), as
+            Hugging Face's search does.
         drop_finished, rules, length_penalty_kind: as for `greedy_search`.
         Other arguments as `greedy_search`.
 
@@ -575,6 +578,21 @@ def _cannot_be_beaten(best_final, final_count, live_log_probs, step, max_lengths
     margin = 1e-5 * tf.abs(best_final)[:, None] + 1e-6
     can_win = (live_log_probs > NEG_INF / 2) & (bound + margin >= best_final[:, None])
     return (final_count > 0) & ~tf.reduce_any(can_win, axis=1)
+
+
+def _hugging_face_would_stop(final_scores, final_count, live_log_probs, step, penalty):
+    """`(batch,)`: sentences that Hugging Face's beam search (`early_stopping=False`) stops searching.
+
+    Its heuristic: once `beam_size` hypotheses have ended, a sentence is done
+    when its best live hypothesis, scored at its present length (step + 1
+    tokens), does not beat the worst of the `beam_size` best ended ones. A
+    hypothesis that would win by growing longer is not waited for: this
+    returns what Hugging Face returns, which `_cannot_be_beaten` alone
+    sometimes improves on.
+    """
+    beam_full = final_count >= tf.shape(final_scores)[1]
+    best_live = live_log_probs[:, 0] / penalty(tf.fill(tf.shape(final_count), step + 1))
+    return beam_full & (best_live <= final_scores[:, -1])  # top_k keeps the ended ones sorted
 
 
 def higher_scoring(first, second):

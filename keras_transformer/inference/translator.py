@@ -33,7 +33,10 @@ class Translator(tf.Module):
             (default: our own models', `TokenRules.ours`).
         length_penalty_kind: "gnmt" (ours) or "hf" (a checkpoint's).
         stop_when_beam_full: see `inference.beam_search` (False for a
-            checkpoint's, which searches as Hugging Face's does).
+            checkpoint whose search runs on as Hugging Face's does).
+        keep_greedy: beam search also follows the greedy path and returns
+            it where it scores higher (see `inference.beam_search`); False
+            for a checkpoint's, to return what Hugging Face returns.
 
     Call arguments:
         texts: `(batch,)` strings.
@@ -63,6 +66,7 @@ class Translator(tf.Module):
         rules=None,
         length_penalty_kind="gnmt",
         stop_when_beam_full=True,
+        keep_greedy=True,
     ):
         super().__init__(name="translator")
         if beam_size < 1:
@@ -88,6 +92,7 @@ class Translator(tf.Module):
         self.rules = rules or TokenRules.ours(target_tokenizer.start_id)
         self.length_penalty_kind = length_penalty_kind
         self.stop_when_beam_full = stop_when_beam_full
+        self.keep_greedy = keep_greedy
 
     def source_ids(self, texts):
         """`(batch, length)` int32 source ids, truncated to the model's max_length."""
@@ -107,6 +112,7 @@ class Translator(tf.Module):
             length_alpha=self.length_alpha, max_extra_length=self.max_extra_length,
             max_output_length=self.max_output_length, static_shapes=static_shapes, rules=self.rules,
             length_penalty_kind=self.length_penalty_kind, stop_when_beam_full=self.stop_when_beam_full,
+            keep_greedy=self.keep_greedy,
         )
 
     def _translate(self, texts):

@@ -105,6 +105,8 @@ def decoding_settings(generation, config, model):
         "length_penalty_kind": "hf",
         # Hugging Face's beam search runs on after num_beams hypotheses have ended, unless early_stopping is true.
         "stop_when_beam_full": generation.get("early_stopping") is True,
+        # It follows no greedy path beside its beams.
+        "keep_greedy": False,
         "max_output_length": min(int(max_output), model.max_length),
         # No limit relative to the source's length: Hugging Face has none.
         "max_extra_length": model.max_length,

@@ -427,8 +427,9 @@ def load_translator(run_dir, beam_size=None, length_alpha=None, max_extra_length
     if settings.get("token_rules"):
         from keras_transformer.pretrained import translator_arguments
 
-        checkpoint_rules = translator_arguments(settings)
-        checkpoint_rules = {key: checkpoint_rules[key] for key in ("rules", "length_penalty_kind", "stop_when_beam_full")}
+        rule_names = ("rules", "length_penalty_kind", "stop_when_beam_full", "keep_greedy")
+        # (A run imported before keep_greedy was recorded keeps the greedy path, as it did then.)
+        checkpoint_rules = {name: value for name, value in translator_arguments(settings).items() if name in rule_names}
     return inference.Translator(
         model,
         source_tokenizer,
