@@ -122,9 +122,11 @@ def main():
     parser.add_argument("--max-length", type=int, default=48, help="generate's max_length (the start token counts)")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--work", default=None, help="where the checkpoint, run and exports go (default: a temp dir)")
+    parser.add_argument("--work", default=None, help="where the checkpoint, run and exports go (default: a temp dir); "
+                        "a checkpoint, exports and CTranslate2 model already there are reused")
     arguments = parser.parse_args()
     work = arguments.work or tempfile.mkdtemp(prefix="pretrained-bench-")
+    os.makedirs(work, exist_ok=True)
     checkpoint, run_dir = os.path.join(work, "checkpoint"), os.path.join(work, "run")
     sentences = open(os.path.join(DATA, "multi30k", "val.en"), encoding="utf-8").read().splitlines()[: arguments.sentences]
     sentences_path = os.path.join(work, "sentences.json")
