@@ -29,19 +29,23 @@ if ON_TENSORFLOW:
     )
 
 
-# The files that take longest (docs/tests.md, "Where the time goes"), longest first. `make test`
-# hands whole files to two xdist workers in collection order: starting the long ones first keeps a
-# worker from starting one of them when the other has nothing left to do.
-LONGEST_FILES = (
-    "test_multi_worker.py",
-    "test_export.py",
-    "test_search.py",
-    "test_run_directory.py",
-    "test_pretrained.py",
-    "test_pretraining.py",
-    "test_attention_explorer.py",
-    "test_language_model_export.py",
-)
+# The files that take longest on each backend (docs/tests.md, "Where the time goes"), longest
+# first. `make test` hands whole files to two xdist workers in collection order: starting the long
+# ones first keeps a worker from starting one of them when the other has nothing left to do.
+LONGEST_FILES = {
+    "tensorflow": (
+        "test_multi_worker.py",
+        "test_export.py",
+        "test_search.py",
+        "test_run_directory.py",
+        "test_pretrained.py",
+        "test_pretraining.py",
+        "test_attention_explorer.py",
+        "test_language_model_export.py",
+    ),
+    # `make test`'s second part: the layer and model files on JAX.
+    "jax": ("test_transformer.py", "test_attention.py", "test_layers.py", "test_classifier.py"),
+}.get(keras.backend.backend(), ())
 
 
 def _longest_first(item):
