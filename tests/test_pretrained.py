@@ -291,6 +291,7 @@ def test_refusals_come_in_one_line_and_write_nothing(imported_run, tmp_path):
     refused(edited("config.json", model_type="t5"), "model_type='t5' is not supported")
     refused(edited("generation_config.json", no_repeat_ngram_size=3), "no_repeat_ngram_size=3 is not supported")
     refused(edited("generation_config.json", bad_words_ids=[[3, 4]]), "a sequence of 2 tokens")
+    refused(edited("generation_config.json", early_stopping="never"), "early_stopping='never' is not supported")
     refused(FIXTURES / "marian-shared-swish", "the vocabulary has no >>fra<<", "--target-lang", "fra")
     refused(FIXTURES / "marian-shared-swish", "--source-lang is for M2M100", "--source-lang", "en")
     refused(FIXTURES / "m2m100-en-de", "--target-lang xx: this model's languages are af, am", "--target-lang", "xx")

@@ -70,6 +70,10 @@ def check_generation(generation):
         value = generation.get(name, harmless)
         if value not in (harmless, None) and not (value == [] and harmless is None):
             raise CheckpointError(f"{name}={value!r} is not supported by our searches (it would change the output)")
+    if generation.get("early_stopping") not in (None, True, False):
+        # "never": Hugging Face waits for hypotheses of every length up to max_length; ours stop sooner.
+        raise CheckpointError(f"early_stopping={generation['early_stopping']!r} is not supported by our searches "
+                              "(it would change the output)")
     for words in generation.get("bad_words_ids") or ():
         if len(words) != 1:
             raise CheckpointError(f"bad_words_ids with a sequence of {len(words)} tokens {words} is not supported")
