@@ -6,6 +6,7 @@ talking gRPC to the others on free local ports.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -149,21 +150,26 @@ def wait_for_backup(run, processes, condition, timeout=300):
     raise AssertionError(processes[0].communicate()[1][-3000:])
 
 
-@pytest.mark.slow
-def test_a_killed_or_preempted_worker_costs_at_most_n_steps_and_the_chief_alone_writes(tmp_path):
-    run = tmp_path / "run"
-    command = [
+def worker_training(run, epochs, *extra):
+    """The `keras-transformer train` command each worker runs: a tiny model, a backup every 4 steps."""
+    return [
         Path(sys.executable).with_name("keras-transformer"), "train", "--dataset", "demo", "--out", run,
-        "--strategy", "multi-worker", "--epochs", 2, "--steps-per-epoch", 30, "--limit-train", 600,
+        "--strategy", "multi-worker", "--epochs", epochs, "--steps-per-epoch", 20, "--limit-train", 600,
         "--limit-val", 16, "--vocab-size", 300, *TINY_MODEL, "--max-length", 24, "--tokens-per-batch", 512,
-        "--bleu-samples", 4, "--attention-samples", 1, "--no-evaluate",
+        "--no-evaluate",
         # Generous: a restarted worker's TensorFlow may take long to start on a busy machine.
         "--cluster-timeout", 45,
-        "--save-every-steps", 5,
+        "--save-every-steps", 4, *extra,
     ]
+
+
+@pytest.mark.slow
+def test_a_killed_worker_stops_the_chief_and_both_resume_from_the_last_backup(tmp_path):
+    run = tmp_path / "run"
+    command = worker_training(run, 2, "--bleu-samples", 0, "--attention-samples", 0)
     # kill -9 of a worker in the middle of the second epoch, after a backup there.
     processes = start_workers(command, cluster_environments(2, tmp_path))
-    killed_at = wait_for_backup(run, processes, lambda state: state["epoch"] == 1 and state["batches_done"] > 0)
+    wait_for_backup(run, processes, lambda state: state["epoch"] == 1 and state["batches_done"] > 0)
     processes[1].kill()
     _, chief_errors = processes[0].communicate(timeout=180)  # the chief notices and stops
     processes[1].communicate()
@@ -172,31 +178,52 @@ def test_a_killed_or_preempted_worker_costs_at_most_n_steps_and_the_chief_alone_
     assert lines and "worker" in lines[-1], chief_errors[-3000:]
     assert not (run / "model.keras").exists()
 
-    # Both restarted; then SIGTERM to the worker alone (its machine is preempted): after the
-    # next step both save and stop, each with one line and status 143; no one waits for the other.
-    processes = start_workers(command, cluster_environments(2, tmp_path / "restarted"))
-    wait_for_backup(run, processes, lambda state: (state["epoch"], state["batches_done"]) >
-                    (killed_at["epoch"], killed_at["batches_done"]))
-    processes[1].terminate()
-    for process in processes:
-        _, errors = process.communicate(timeout=180)
-        assert process.returncode == 143, errors[-3000:]
-        assert errors.rstrip().splitlines()[-1].startswith("keras-transformer: stopped by SIGTERM"), errors[-3000:]
-    assert not (run / "model.keras").exists()
-
-    # Both restarted with the same command: they resume from the last backup and finish.
+    # Both restarted with the same command: they resume from the backup in the second epoch and finish.
     chief, worker = run_workers([command, command], cluster_environments(2, tmp_path / "again"))
     assert chief.returncode == 0 and worker.returncode == 0, chief.stderr[-3000:] + worker.stderr[-3000:]
+    assert "Epoch 2/2" in chief.stdout and "Epoch 1/2" not in chief.stdout, "resumed, not started over"
     history = (run / "history.csv").read_text().splitlines()
     assert [row.split(",")[0] for row in history[1:]] == ["0", "1"], history
     metrics = json.loads((run / "metrics.json").read_text())
-    assert metrics["training"]["epochs_done"] == 2 and metrics["training"]["replicas"] == 2
+    assert metrics["training"]["epochs_done"] == 2 and metrics["training"]["epochs_this_session"] == 1
+    assert metrics["training"]["replicas"] == 2
 
-    # One writer: the chief's run directory, the worker's private copy gone; and the run is usable.
+    # One writer: the chief's run directory, the worker's private copy gone; and the run translates.
     assert f"run directory: {run}" in chief.stdout and "the chief worker wrote" in worker.stdout
     assert set(os.listdir(run)) <= set(RUN_FILES)
-    for stopped in ("restarted", "again"):
-        assert list((tmp_path / stopped / "tmp-worker-1").iterdir()) == [], "the worker removes its private copy"
+    assert list((tmp_path / "again" / "tmp-worker-1").iterdir()) == [], "the worker removes its private copy"
     assert cli_here("translate", run, "The dog sleeps.").stdout.strip()
-    cli_here("export", run, tmp_path / "export")
-    assert (tmp_path / "export" / "1" / "saved_model.pb").is_file()
+
+
+@pytest.mark.slow
+def test_a_preempted_worker_makes_both_save_after_the_next_step_and_stop_with_one_line(tmp_path):
+    run = tmp_path / "run"
+    # Through the first epoch's end and its samples (BLEU and attention, which the chief alone
+    # decodes), into the second.
+    command = worker_training(run, 3, "--bleu-samples", 4, "--attention-samples", 1)
+    processes = start_workers(command, cluster_environments(2, tmp_path))
+    signalled_at = wait_for_backup(run, processes, lambda state: state["epoch"] == 1 and state["batches_done"] > 0)
+    # SIGTERM to the worker alone (its machine is preempted): after the next step both save and
+    # stop, each with one line and status 143; no one waits for the other.
+    processes[1].terminate()
+    last_lines = []
+    for process in processes:
+        _, errors = process.communicate(timeout=180)
+        assert process.returncode == 143, errors[-3000:]
+        last_lines.append(errors.rstrip().splitlines()[-1])
+        assert last_lines[-1].startswith("keras-transformer: stopped by SIGTERM"), errors[-3000:]
+    assert not (run / "model.keras").exists()
+    assert list((tmp_path / "tmp-worker-1").iterdir()) == [], "the worker removes its private copy"
+    # Both stopped at the same point, and the backup is that point: no step lost.
+    stopped_at = json.loads((run / "backup" / "state.json").read_text())
+    points = [stop_point(line) for line in last_lines]
+    assert points[0] == points[1] == (stopped_at["epoch"], stopped_at["batches_done"]), (last_lines, stopped_at)
+    assert points[0] > (signalled_at["epoch"], signalled_at["batches_done"])
+
+
+def stop_point(line):
+    """(epoch index, batches done) where a "stopped by SIGTERM" line says training stopped."""
+    mid_epoch = re.search(r"after batch (\d+) of epoch (\d+)", line)
+    if mid_epoch:
+        return int(mid_epoch[2]) - 1, int(mid_epoch[1])
+    return int(re.search(r"at the end of epoch (\d+)", line)[1]), 0
