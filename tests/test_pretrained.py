@@ -135,19 +135,29 @@ def test_every_tensor_of_the_checkpoint_lands_in_the_model(name):
     assert read.unused() == [] and len(read.used) > 20
 
 
-def test_an_embedding_table_goes_in_block_by_block_row_for_row(monkeypatch):
-    """Tables longer than a block (OPUS-MT's 58k rows) land row for row, our padding row 0 zeros."""
-    import keras
+def test_an_embedding_table_goes_in_block_by_block_row_for_row(monkeypatch, tmp_path):
+    """Tables longer than a block (OPUS-MT's 58k rows) land row for row, our padding row 0 zeros.
 
-    from keras_transformer.pretrained import weights
+    Both ways a checkpoint is read: safetensors (fp16 here), read block by block
+    from the file, and the arrays of a `pytorch_model.bin`.
+    """
+    import keras
+    from safetensors.numpy import save_file
+
+    from keras_transformer.pretrained import checkpoint, weights
 
     monkeypatch.setattr(weights, "EMBEDDING_ROWS_AT_ONCE", 4)
-    theirs_table = np.random.default_rng(0).normal(size=(10, 3)).astype(np.float32)
-    table = keras.Variable(np.ones((11, 3), np.float32))
-    weights.assign_embeddings(table, theirs_table, "model.shared.weight")
-    np.testing.assert_array_equal(keras.ops.convert_to_numpy(table), np.concatenate([np.zeros((1, 3)), theirs_table]))
-    with pytest.raises(ValueError, match="does not fit"):
-        weights.assign_embeddings(table, theirs_table[:9], "model.shared.weight")
+    theirs_table = np.random.default_rng(0).normal(size=(10, 3)).astype(np.float16)
+    save_file({"model.shared.weight": theirs_table, "short": theirs_table[:9]}, str(tmp_path / "model.safetensors"))
+    from_file = checkpoint.LazyWeights([str(tmp_path / "model.safetensors")])
+    from_arrays = {"model.shared.weight": theirs_table.astype(np.float32), "short": theirs_table[:9]}
+    for tensors in (from_file, from_arrays):
+        table = keras.Variable(np.ones((11, 3), np.float32))
+        weights.assign_embeddings(table, weights.WeightReader(tensors), "model.shared.weight")
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(table),
+                                      np.concatenate([np.zeros((1, 3)), theirs_table.astype(np.float32)]))
+        with pytest.raises(ValueError, match="does not fit"):
+            weights.assign_embeddings(table, weights.WeightReader(tensors), "short")
 
 
 def _translate(name, **overrides):

@@ -114,6 +114,25 @@ class LazyWeights:
     def keys(self):
         return self._files.keys()
 
+    def shape(self, name):
+        from safetensors import safe_open
+
+        with safe_open(self._files[name], framework="np") as handle:
+            return tuple(handle.get_slice(name).get_shape())
+
+    def row_blocks(self, name, rows_at_once):
+        """`(first row, float32 rows)` of the tensor `name`, `rows_at_once` rows read from disk at a time.
+
+        The largest tensor (an embedding table) is never whole in memory
+        beside the variable it goes into.
+        """
+        from safetensors import safe_open
+
+        rows = self.shape(name)[0]
+        for start in range(0, rows, rows_at_once):
+            with safe_open(self._files[name], framework="np") as handle:
+                yield start, _widened(handle.get_slice(name)[start : min(start + rows_at_once, rows)])
+
 
 def read_weights(directory):
     """`{name: float32 array}` of the checkpoint's tensors (float16 and bfloat16 ones widened), read lazily."""

@@ -27,12 +27,27 @@ class WeightReader:
         self.used = set()
 
     def __call__(self, name):
+        self._use(name)
+        return self.weights[name]
+
+    def shape(self, name):
+        self._use(name)
+        return self.weights.shape(name) if hasattr(self.weights, "shape") else np.shape(self.weights[name])
+
+    def row_blocks(self, name, rows_at_once):
+        """`(first row, rows)` of the tensor `name`, read a block at a time where the file allows it."""
+        self._use(name)
+        if hasattr(self.weights, "row_blocks"):
+            return self.weights.row_blocks(name, rows_at_once)
+        tensor = self.weights[name]
+        return ((start, tensor[start : start + rows_at_once]) for start in range(0, len(tensor), rows_at_once))
+
+    def _use(self, name):
         if name not in self.weights:
             from keras_transformer.pretrained.checkpoint import CheckpointError
 
             raise CheckpointError(f"the checkpoint has no weight {name!r}: is it complete?")
         self.used.add(name)
-        return self.weights[name]
 
     def has(self, name):
         return name in self.weights
@@ -52,25 +67,25 @@ def assign(variable, value, name):
     variable.assign(value)
 
 
-def assign_embeddings(variable, embeddings, name):
-    """`(vocab, d)` checkpoint embeddings into our `(vocab + 1, d)` table: row 0 (our padding) zeros, theirs after.
+def assign_embeddings(variable, read, name):
+    """The checkpoint's `(vocab, d)` embeddings `name` into our `(vocab + 1, d)` table: row 0 (our padding) zeros, theirs after.
 
-    Written in place, a block of rows at a time, by scattering rows into the
-    variable: the largest matrix of a checkpoint is not copied whole once
-    more. (A sliced `assign` would read the variable first, and TensorFlow
-    copies a variable that something else reads before writing into it.)
+    Read and written a block of rows at a time, scattering rows into the
+    variable: the largest matrix of a checkpoint is never whole in memory
+    beside it. (A sliced `assign` would read the variable first, and
+    TensorFlow copies a variable that something else reads before writing
+    into it.)
     """
     import tensorflow as tf
 
-    embeddings = np.asarray(embeddings, np.float32)
-    if tuple(variable.shape) != (embeddings.shape[0] + ID_OFFSET, embeddings.shape[1]):
-        raise ValueError(f"{name}: the checkpoint's shape {embeddings.shape} does not fit {tuple(variable.shape)}")
+    shape = read.shape(name)
+    if tuple(variable.shape) != (shape[0] + ID_OFFSET, shape[1]):
+        raise ValueError(f"{name}: the checkpoint's shape {shape} does not fit {tuple(variable.shape)}")
     table = variable.value  # the backend's variable, which takes a scatter
-    table.scatter_update(tf.IndexedSlices(np.zeros((ID_OFFSET, embeddings.shape[1]), np.float32), tf.range(ID_OFFSET)))
-    for start in range(0, embeddings.shape[0], EMBEDDING_ROWS_AT_ONCE):
-        rows = embeddings[start : start + EMBEDDING_ROWS_AT_ONCE]
+    table.scatter_update(tf.IndexedSlices(np.zeros((ID_OFFSET, shape[1]), np.float32), tf.range(ID_OFFSET)))
+    for start, rows in read.row_blocks(name, EMBEDDING_ROWS_AT_ONCE):
         positions = tf.range(ID_OFFSET + start, ID_OFFSET + start + rows.shape[0])
-        table.scatter_update(tf.IndexedSlices(rows, positions))
+        table.scatter_update(tf.IndexedSlices(np.asarray(rows, np.float32), positions))
 
 
 def set_dense(dense, read, prefix):
@@ -124,11 +139,11 @@ def set_embeddings_and_layers(model, read):
     """The token embeddings (shared or per side) and every encoder and decoder layer."""
     if model.share_embeddings:
         name = "model.shared.weight" if read.has("model.shared.weight") else "model.encoder.embed_tokens.weight"
-        assign_embeddings(model.encoder.embedding.embeddings, read(name), name)
+        assign_embeddings(model.encoder.embedding.embeddings, read, name)
     else:
         for stack, name in ((model.encoder, "model.encoder.embed_tokens.weight"),
                             (model.decoder, "model.decoder.embed_tokens.weight")):
-            assign_embeddings(stack.embedding.embeddings, read(name), name)
+            assign_embeddings(stack.embedding.embeddings, read, name)
     for index, layer in enumerate(model.encoder.encoder_layers):
         set_layer(layer, read, f"model.encoder.layers.{index}")
     for index, layer in enumerate(model.decoder.decoder_layers):
