@@ -1,8 +1,8 @@
 """Feed an export the requests a careless client or an attacker would send; report what came back.
 
-Works on the translator's export, the classifier's (whose only signature is
-`serving_default`, with the same `text` input) and the language model's (`serving_default` and
-`generate`): requests go to the signatures the export has.
+Works on the translator's export (with `translate_between` where the model is multilingual),
+the classifier's (whose only signature is `serving_default`, with the same `text` input) and the
+language model's (`serving_default` and `generate`): requests go to the signatures the export has.
 
 Run in its own process (`python malformed_requests.py EXPORT_DIR SEED COUNT OUT.json`), the way
 a server holds a model: if any request kills the process, the test that started it sees the
@@ -48,6 +48,19 @@ NAMED_REQUESTS = {
         },
         "no new tokens": {"text": np.array(["A dog"], object), **{**GENERATE_SETTINGS, "max_new_tokens": np.int32(0)}},
     },
+    # A multilingual checkpoint's export: a language code per text, any code a refusal but the model's.
+    "translate_between": {
+        "unknown target language": {"text": np.array(["A dog."], object), "source_language": np.array(["en"], object),
+                                    "target_language": np.array(["xx"], object)},
+        "empty language codes": {"text": np.array(["A dog."], object), "source_language": np.array([""], object),
+                                 "target_language": np.array([""], object)},
+        "2 codes for 1 text": {"text": np.array(["A dog."], object), "source_language": np.array(["en", "en"], object),
+                               "target_language": np.array(["de"], object)},
+        "scalar code": {"text": np.array(["A dog."], object), "source_language": np.array("en", object),
+                        "target_language": np.array(["de"], object)},
+        "[1, 1] codes": {"text": np.array(["A dog."], object), "source_language": np.array([["en"]], object),
+                         "target_language": np.array([["de"]], object)},
+    },
     "score_tokens": {
         "2 source rows, 1 target row": {
             "source_ids": np.array([[2, 20, 3], [2, 21, 3]], np.int32),
@@ -66,9 +79,8 @@ NAMED_REQUESTS = {
 
 def random_request(random, signature):
     """Random tensors for a signature's inputs: ranks 0-3, zero dimensions, wrong dtypes, random bytes."""
-    names = {"score_tokens": ("source_ids", "target_ids"), "generate": ("text", *GENERATE_SETTINGS)}.get(
-        signature, ("text",)
-    )
+    names = {"score_tokens": ("source_ids", "target_ids"), "generate": ("text", *GENERATE_SETTINGS),
+             "translate_between": ("text", "source_language", "target_language")}.get(signature, ("text",))
     request = {name: random_tensor(random) for name in names}
     if signature == "generate" and random.random() < 0.5:
         # Half the time only the prompts are random: the settings are fine, so the prompts are what is tested.
@@ -115,16 +127,18 @@ def call_session(session, signature_def, inputs):
     return {"answer": "ok", "shapes": {name: list(np.shape(value)) for name, value in outputs.items()}}
 
 
-def main(export_dir, seed, count, out_path):
-    loaded = tf.saved_model.load(export_dir)
+def main(export_dir, seed, count, out_path, only=None, loaded=None):
+    """Send the named and `count` random requests to every signature of the export (or those in `only`).
+
+    `loaded`: the export as `tf.saved_model.load` gave it, where the caller has it (one load less).
+    """
+    loaded = loaded or tf.saved_model.load(export_dir)
     random = np.random.default_rng(int(seed))
+    signatures = [signature for signature in sorted(NAMED_REQUESTS)
+                  if signature in loaded.signatures and (only is None or signature in only)]
     requests = [
-        (signature, name, inputs)
-        for signature, named in NAMED_REQUESTS.items()
-        if signature in loaded.signatures
-        for name, inputs in named.items()
+        (signature, name, inputs) for signature in signatures for name, inputs in NAMED_REQUESTS[signature].items()
     ]
-    signatures = [signature for signature in sorted(NAMED_REQUESTS) if signature in loaded.signatures]
     for index in range(int(count)):
         signature = signatures[index % len(signatures)]
         requests.append((signature, f"random {index}", random_request(random, signature)))

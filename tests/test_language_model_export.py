@@ -102,7 +102,7 @@ np.savez(
 sys.path.insert(0, tests_dir)
 import malformed_requests  # noqa: E402  (TensorFlow, tensorflow-text and NumPy only)
 
-malformed_requests.main(export_dir, 2, 100, report_path)
+malformed_requests.main(export_dir, 2, 100, report_path, loaded=loaded)
 """
 
 

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from helpers import assert_it_lived, cli_here, run
 from keras_transformer import pretrained
-from keras_transformer.inference import score_sequences
+from keras_transformer.inference import Translator, score_sequences
 from keras_transformer.pretrained import CheckpointError, marian
 from keras_transformer.runs import translation
 
@@ -315,18 +315,97 @@ def test_refusals_come_in_one_line_and_write_nothing(imported_run, tmp_path):
     refused(weightless, "has no weights")
 
 
-@pytest.mark.slow
-def test_an_m2m100_run_translates_into_the_language_it_is_told(tmp_path):
-    """M2M100: pre-LN, fairseq positions, </s> to start, the target language forced first; any language it knows."""
-    want, _ = expected("m2m100-en-de")
-    run_dir = tmp_path / "m2m100"
+@pytest.fixture(scope="module")
+def m2m100_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("imported") / "m2m100"
     cli_here("import-hf", FIXTURES / "m2m100-en-de", run_dir, "--source-lang", "en", "--target-lang", "de")
-    result = cli_here("translate", run_dir, "--beam-size", "1", *want["sources"][:3])
+    return run_dir
+
+
+@pytest.mark.slow
+def test_an_m2m100_run_translates_into_the_language_it_is_told(m2m100_run):
+    """M2M100: pre-LN, fairseq positions, </s> to start, the target language forced first."""
+    want, _ = expected("m2m100-en-de")
+    result = cli_here("translate", m2m100_run, "--beam-size", "1", *want["sources"][:3])
     assert result.stdout.splitlines() == want["greedy"]["text"][:3]
-    # Told another language, it starts every output with that language's token instead.
-    french = pretrained.load_translator(str(FIXTURES / "m2m100-en-de"), target_lang="fr", beam_size=1)
-    tokens = french(tf.constant(want["sources"][:3]))["tokens"].numpy()
-    assert (tokens[:, 0] == french.target_tokenizer.id_of("__fr__")).all()
+
+
+@pytest.mark.slow
+def test_an_m2m100_export_serves_every_language_pair_in_a_fresh_process(m2m100_run, tmp_path):
+    """`translate_between`, in a process with TensorFlow and tensorflow-text alone, as the run in this one."""
+    want, _ = expected("m2m100-en-de")
+    cli_here("export", m2m100_run, tmp_path / "export")
+    assert "languages" in json.loads((tmp_path / "export" / "1" / "assets.extra" / "translator.json").read_text())
+    texts = want["sources"][:3] + [""]
+    sources, targets = ["en", "en", "de", "en"], ["de", "fr", "en", "es"]
+    translator = translation.load_translator(str(m2m100_run))
+    in_process = translator.translate_between(tf.constant(texts), tf.constant(sources),
+                                              tf.constant(targets))["translation"].numpy()
+    # The other signatures' malformed requests go to the Marian run's export (above).
+    request = {"signature": "translate_between", "fuzz": ["translate_between"],
+               "inputs": {"text": texts, "source_language": sources, "target_language": targets}}
+    report = tmp_path / "report.json"
+    result = run([sys.executable, "-c", FRESH_PROCESS, tmp_path / "export" / "1", json.dumps(request), report,
+                  Path(__file__).parent], check=False)
+    assert_it_lived(result)
+    assert json.loads(result.stdout.splitlines()[0]) == [text.decode() for text in in_process]
+    answers = json.loads(report.read_text())
+    assert {answer["signature"] for answer in answers} == {"translate_between"}
+    named = {answer["answer"] for answer in answers if not answer["request"].startswith("random")}
+    assert named == {"InvalidArgumentError"}
+
+
+# Three language pairs of each multilingual fixture, the first the one it was saved for.
+LANGUAGE_PAIRS = {
+    "m2m100-en-de": (("en", "de"), ("en", "fr"), ("de", "en")),
+    "nllb-en-de": (("eng_Latn", "deu_Latn"), ("eng_Latn", "fra_Latn"), ("deu_Latn", "eng_Latn")),
+}
+
+
+# Beam search on one, greedy on the other: the forced first tokens of a beam's rows, and of a greedy row.
+@pytest.mark.parametrize("name, beam_size", [("m2m100-en-de", 4), ("nllb-en-de", 1)])
+def test_one_multilingual_translator_translates_each_text_between_its_own_languages(name, beam_size):
+    """`translate_between`: each text with its own pair, exactly as a translator imported for that pair."""
+    want, _ = expected(name)
+    pairs = LANGUAGE_PAIRS[name]
+    texts = want["sources"][:6]
+    languages = [pairs[index % len(pairs)] for index in range(len(texts))]
+    model, source_tokenizer, target_tokenizer, decoding = pretrained.load(str(FIXTURES / name))
+    arguments = {**pretrained.translator_arguments(decoding), "beam_size": beam_size}
+    translator = Translator(model, source_tokenizer, target_tokenizer, **arguments)
+    mixed = translator.translate_between(tf.constant(texts), tf.constant([source for source, _ in languages]),
+                                         tf.constant([target for _, target in languages]))
+    for pair in pairs:
+        rows = [index for index, languages_of_text in enumerate(languages) if languages_of_text == pair]
+        # The translator a run imported for this pair has: its tokenizers, its forced first token.
+        _, pair_source, pair_target, pair_decoding = pretrained.load(str(FIXTURES / name), *pair)
+        pair_arguments = {**pretrained.translator_arguments(pair_decoding), "beam_size": beam_size}
+        alone = Translator(model, pair_source, pair_target, **pair_arguments)(tf.constant([texts[row] for row in rows]))
+        assert [row for row in mixed["translation"].numpy()[rows]] == list(alone["translation"].numpy())
+        assert [theirs(row) for row in mixed["tokens"].numpy()[rows]] == [theirs(row) for row in alone["tokens"]]
+        np.testing.assert_allclose(mixed["score"].numpy()[rows], alone["score"].numpy(), atol=1e-5)
+        assert (alone["tokens"].numpy()[:, 0] == pair_target.prefix_ids[0]).all(), "its target language first"
+
+
+def test_a_language_the_model_lacks_or_a_code_count_unlike_the_texts_is_refused(imported):
+    name, (model, source_tokenizer, target_tokenizer, decoding) = imported
+    translator = Translator(model, source_tokenizer, target_tokenizer, **pretrained.translator_arguments(decoding))
+    if name not in LANGUAGE_PAIRS:  # Marian: one pair, or >>xx<< codes in the text itself
+        assert translator.languages == []
+        with pytest.raises(ValueError, match="name no languages"):
+            translator.translate_between(tf.constant(["A dog."]), tf.constant(["en"]), tf.constant(["de"]))
+        return
+    source, target = LANGUAGE_PAIRS[name][0]
+    assert source in translator.languages and target in translator.languages and len(translator.languages) > 90
+    for sources, targets, message in (
+        ([source], ["xx"], "target_language must be a language code of this model"),
+        (["Klingon"], [target], "source_language must be a language code of this model"),
+        ([source, source], [target], "source_language must hold one code per text"),
+        ([source], [], "target_language must hold one code per text"),
+    ):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            translator.translate_between(tf.constant(["A dog."]), tf.constant(sources, tf.string),
+                                         tf.constant(targets, tf.string))
 
 
 FRESH_PROCESS = r"""
@@ -334,14 +413,15 @@ import json, sys
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  registers the SentencePiece ops, as tensorflow_model_server does
 
-export_dir, sentences_json, report_path, tests_dir = sys.argv[1:5]
+export_dir, request_json, report_path, tests_dir = sys.argv[1:5]
 loaded = tf.saved_model.load(export_dir)
-served = loaded.signatures["serving_default"](text=tf.constant(json.loads(sentences_json)))
+request = json.loads(request_json)
+served = loaded.signatures[request["signature"]](**{name: tf.constant(value) for name, value in request["inputs"].items()})
 print(json.dumps([text.decode() for text in served["translation"].numpy()]))
 sys.stdout.flush()
 sys.path.insert(0, tests_dir)
 import malformed_requests  # noqa: E402
-malformed_requests.main(export_dir, 0, 20, report_path)
+malformed_requests.main(export_dir, 0, 20, report_path, request.get("fuzz"), loaded=loaded)
 assert "keras_transformer" not in sys.modules
 """
 
@@ -353,7 +433,8 @@ def test_the_export_of_an_imported_run_serves_the_same_translations_in_a_fresh_p
     cli_here("export", imported_run, tmp_path / "export")
     in_process = cli_here("translate", imported_run, *sentences).stdout.splitlines()
     report = tmp_path / "report.json"
-    result = run([sys.executable, "-c", FRESH_PROCESS, tmp_path / "export" / "1", json.dumps(sentences), report,
+    request = {"signature": "serving_default", "inputs": {"text": sentences}}
+    result = run([sys.executable, "-c", FRESH_PROCESS, tmp_path / "export" / "1", json.dumps(request), report,
                   Path(__file__).parent], check=False)
     assert_it_lived(result)
     assert json.loads(result.stdout.splitlines()[0]) == in_process + [""] * (len(sentences) - len(in_process))

@@ -16,6 +16,8 @@ import tensorflow as tf
 TEXT = tf.TensorSpec(None, tf.string, name="text")
 SOURCE_IDS = tf.TensorSpec(None, tf.int32, name="source_ids")
 TARGET_IDS = tf.TensorSpec(None, tf.int32, name="target_ids")
+SOURCE_LANGUAGE = tf.TensorSpec(None, tf.string, name="source_language")
+TARGET_LANGUAGE = tf.TensorSpec(None, tf.string, name="target_language")
 
 
 def checked_sentences(text):

@@ -16,6 +16,10 @@ Signatures (see `SIGNATURES`):
 - `score_tokens`: `source_ids`, `target_ids` (int32 `[batch, None]`, 0 =
   padding, targets starting with [START]) -> `logits` (float32
   `[batch, target_len, target_vocab]`), for clients that tokenize themselves.
+- `translate_between`, in the export of an M2M100 or NLLB checkpoint only:
+  `text`, `source_language` and `target_language` (string `[batch]`, codes
+  such as "de" or "fra_Latn": `translator.json` lists them) -> `translation`,
+  `score`. One export serves every language pair of the model, each text its own.
 
 Inputs are checked in the graph before any other kernel sees them (see
 `requests`): anything of another rank is refused with an `InvalidArgument`
@@ -30,10 +34,13 @@ import tensorflow as tf
 from keras_transformer.export.captures import call_naming_captures, capture_names
 from keras_transformer.export.requests import (
     SOURCE_IDS,
+    SOURCE_LANGUAGE,
     TARGET_IDS,
+    TARGET_LANGUAGE,
     TEXT,
     check_ids,
     checked_id_batches,
+    checked_rank,
     checked_sentences,
 )
 from keras_transformer.export.versions import version_path, write_version
@@ -44,6 +51,8 @@ SIGNATURES = {
     "translate_with_attention": ("text",),
     "score_tokens": ("source_ids", "target_ids"),
 }
+# The signature of a multilingual checkpoint's export (`Translator.languages`), beside those above.
+LANGUAGE_PAIR_SIGNATURES = {"translate_between": ("text", "source_language", "target_language")}
 
 class TranslationService:
     """The signatures of an export, around a `keras_transformer.inference.Translator`.
@@ -77,6 +86,14 @@ class TranslationService:
         names = ("translation", "score", "source_tokens", "target_tokens", "cross_attention")
         return {name: outputs[name] for name in names}
 
+    @graph_function(input_signature=[TEXT, SOURCE_LANGUAGE, TARGET_LANGUAGE])
+    def translate_between(self, text, source_language, target_language):
+        expected = "a string vector of shape [batch], one code per text"
+        inputs = (checked_sentences(text), checked_rank(source_language, "source_language", 1, expected),
+                  checked_rank(target_language, "target_language", 1, expected))
+        outputs = call_naming_captures(self.translator.translate_between, self._capture_names, *inputs)
+        return {"translation": outputs["translation"], "score": outputs["score"]}
+
     @graph_function(input_signature=[SOURCE_IDS, TARGET_IDS])
     def score_tokens(self, source_ids, target_ids):
         model = self.translator.model
@@ -99,9 +116,8 @@ class TranslationService:
 
     def signatures(self):
         return {
-            "serving_default": self.serve.get_concrete_function(),
-            "translate_with_attention": self.translate_with_attention.get_concrete_function(),
-            "score_tokens": self.score_tokens.get_concrete_function(),
+            name: getattr(self, _FUNCTIONS[name]).get_concrete_function()
+            for name in exported_signatures(self.translator)
         }
 
     def saveable(self):
@@ -122,7 +138,19 @@ class TranslationService:
         root.serve = self.serve
         root.translate_with_attention = self.translate_with_attention
         root.score_tokens = self.score_tokens
+        if self.translator.languages:
+            root.translate_between = self.translate_between
         return root
+
+
+# The service's method behind each signature.
+_FUNCTIONS = {"serving_default": "serve", "translate_with_attention": "translate_with_attention",
+              "score_tokens": "score_tokens", "translate_between": "translate_between"}
+
+
+def exported_signatures(translator):
+    """`{signature: its inputs}` of `translator`'s export: `SIGNATURES`, and `translate_between` where it has languages."""
+    return {**SIGNATURES, **(LANGUAGE_PAIR_SIGNATURES if translator.languages else {})}
 
 
 def export_translator(translator, export_base, version=None):
@@ -156,5 +184,6 @@ def _settings(translator):
         "target_vocab_size": model.tgt_vocab_size,
         "num_layers": model.num_layers,
         "num_heads": model.num_heads,
-        "signatures": {name: list(inputs) for name, inputs in SIGNATURES.items()},
+        "signatures": {name: list(inputs) for name, inputs in exported_signatures(translator).items()},
+        **({"languages": translator.languages} if translator.languages else {}),
     }

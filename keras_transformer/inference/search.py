@@ -48,7 +48,8 @@ the batch. Id 0 is padding: neither it nor [START] is ever generated.
 A pretrained checkpoint brings rules of its own for single tokens (`TokenRules`:
 the ids it never generates, a forced first token such as NLLB's target
 language, [END] forced at the length limit), as Hugging Face's logits
-processors apply them.
+processors apply them. A forced first token may also differ from sentence
+to sentence (`first_ids`: each request's own target language).
 
 Returned tokens exclude [START], include [END] when generated, and are
 padded with 0; scores are length-normalised log-probabilities, the quantity
@@ -121,8 +122,12 @@ def loop_shapes(loop_vars, cache_position, cache_grows=True):
     return tuple(shapes)
 
 
-def _apply_rules(log_probs, rules, end_id, step, row_limits):
-    """`log_probs` with `rules` applied at output position `step` (`row_limits`: each row's sentence's limit)."""
+def _apply_rules(log_probs, rules, end_id, step, row_limits, row_first_ids):
+    """`log_probs` with `rules` applied at output position `step`.
+
+    `row_limits`: each row's sentence's limit; `row_first_ids`: each row's
+    forced first token, or None (nothing forced).
+    """
     # The vocabulary size is static for a model's logits, so these masks are
     # constants once the graph is optimised.
     ids = tf.range(log_probs.shape[-1] or tf.shape(log_probs)[-1])
@@ -131,21 +136,22 @@ def _apply_rules(log_probs, rules, end_id, step, row_limits):
     if rules.renormalize:
         log_probs = tf.nn.log_softmax(log_probs)
 
-    def only(token_id, rows):  # rows choosing `token_id` for certain (log-probability 0)
-        forced = tf.where(ids == token_id, tf.constant(0.0, log_probs.dtype), tf.cast(NEG_INF, log_probs.dtype))
-        return tf.where(rows[:, None], forced[None, :], log_probs)
+    def only(token_ids, rows):  # rows choosing their `token_ids` (one, or one a row) for certain (log-probability 0)
+        chosen = ids[None, :] == tf.reshape(token_ids, [-1, 1])
+        forced = tf.where(chosen, tf.constant(0.0, log_probs.dtype), tf.cast(NEG_INF, log_probs.dtype))
+        return tf.where(rows[:, None], forced, log_probs)
 
-    if rules.forced_first is not None:
-        log_probs = only(rules.forced_first, tf.fill([tf.shape(log_probs)[0]], step == 0))
+    if row_first_ids is not None:
+        log_probs = only(row_first_ids, tf.fill([tf.shape(log_probs)[0]], step == 0))
     if rules.end_at_limit:
         log_probs = only(end_id, step + 1 >= row_limits)
     return log_probs
 
 
-def _log_probs(step_fn, last, cache, step, context, rules, end_id, row_limits):
+def _log_probs(step_fn, last, cache, step, context, rules, end_id, row_limits, row_first_ids):
     """One model step: log-probabilities of every next token under `rules`, and the updated cache."""
     logits, cache = step_fn(last, cache, step, context)
-    return _apply_rules(tf.nn.log_softmax(logits), rules, end_id, step, row_limits), cache
+    return _apply_rules(tf.nn.log_softmax(logits), rules, end_id, step, row_limits, row_first_ids), cache
 
 
 def write_column(buffer, column, values):
@@ -156,8 +162,9 @@ def write_column(buffer, column, values):
 
 # -- the sentences still searching -----------------------------------------------
 
-# The sentences a search still works on: their places in the batch, and their limits.
-Sentences = collections.namedtuple("Sentences", ["places", "max_lengths"])
+# The sentences a search still works on: their places in the batch, their limits and their forced
+# first tokens (-1 where nothing is forced).
+Sentences = collections.namedtuple("Sentences", ["places", "max_lengths", "first_ids"])
 
 
 def _take(structure, indices, axis=0):
@@ -225,22 +232,27 @@ def _drop_finished(finished, sentences, answers, results, per_sentence, per_row,
 # rules, and dropping finished sentences.
 
 
-def _search(strategy, step_fn, cache, start_id, end_id, max_lengths, context, cache_batch_axis, drop_finished, rules):
+def _search(strategy, step_fn, cache, start_id, end_id, max_lengths, context, cache_batch_axis, drop_finished, rules,
+            first_ids):
     """Run `strategy` against `step_fn` until every sentence is finished: `(tokens, scores)`."""
     max_lengths = tf.convert_to_tensor(max_lengths, tf.int32)
     batch = tf.shape(max_lengths)[0]
     steps = num_steps(max_lengths)
     rows_per_source = strategy.rows_per_source
     rules = rules or TokenRules.ours(start_id)
+    forces_first = first_ids is not None or rules.forced_first is not None
+    if first_ids is None:
+        first_ids = tf.fill([batch], -1 if rules.forced_first is None else rules.forced_first)
 
     def not_done(step, sentences, cache, context, last, state, results):
         return (step < steps) & ~tf.reduce_all(strategy.finished(state))
 
     def one_step(step, sentences, cache, context, last, state, results):
-        row_limits = sentences.max_lengths
+        row_limits, row_first_ids = sentences.max_lengths, sentences.first_ids
         if rows_per_source > 1:
-            row_limits = tf.repeat(row_limits, rows_per_source)
-        log_probs, cache = _log_probs(step_fn, last, cache, step, context, rules, end_id, row_limits)
+            row_limits, row_first_ids = (tf.repeat(value, rows_per_source) for value in (row_limits, row_first_ids))
+        log_probs, cache = _log_probs(step_fn, last, cache, step, context, rules, end_id, row_limits,
+                                      row_first_ids if forces_first else None)
         tokens, parents, state = strategy.advance(state, log_probs, step, sentences.max_lengths)
         if drop_finished:
             # Beam search gathers its cache rows by `parents` below, which
@@ -257,7 +269,7 @@ def _search(strategy, step_fn, cache, start_id, end_id, max_lengths, context, ca
 
     initial = (
         tf.constant(0),
-        Sentences(tf.range(batch), max_lengths),
+        Sentences(tf.range(batch), max_lengths, tf.convert_to_tensor(first_ids, tf.int32)),
         cache,
         context,
         tf.fill([batch * rows_per_source], tf.cast(start_id, tf.int32)),
@@ -339,6 +351,7 @@ def greedy_search(
     drop_finished=True,
     rules=None,
     length_penalty_kind=GNMT,
+    first_ids=None,
 ):
     """Pick the most probable token at every step.
 
@@ -357,6 +370,9 @@ def greedy_search(
             kernel sums differently for another number of rows).
         rules: the `TokenRules` (default: `TokenRules.ours(start_id)`).
         length_penalty_kind: "gnmt" or "hf" (see `length_penalty`).
+        first_ids: `(batch,)` int32, the token each sentence's output starts
+            with (a request's target language), in place of
+            `rules.forced_first`; default: `rules.forced_first` for all.
 
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`, `steps =
@@ -369,7 +385,7 @@ def greedy_search(
     """
     strategy = GreedySearch(end_id, length_alpha, length_penalty_kind)
     return _search(strategy, step_fn, cache, start_id, end_id, max_lengths, context, cache_batch_axis,
-                   drop_finished, rules)
+                   drop_finished, rules, first_ids)
 
 
 # -- beam search -----------------------------------------------------------------------
@@ -507,6 +523,7 @@ def beam_search(
     rules=None,
     length_penalty_kind=GNMT,
     stop_when_beam_full=True,
+    first_ids=None,
 ):
     """Keep the `beam_size` most probable hypotheses at every step; return the best.
 
@@ -547,7 +564,7 @@ def beam_search(
             `beam_size` that ended, until Hugging Face's heuristic stops it
             (`_hugging_face_would_stop`, `early_stopping=False`), as
             Hugging Face's search does.
-        drop_finished, rules, length_penalty_kind: as for `greedy_search`.
+        drop_finished, rules, length_penalty_kind, first_ids: as for `greedy_search`.
         Other arguments as `greedy_search`.
 
     Returns:
@@ -555,7 +572,7 @@ def beam_search(
     """
     strategy = BeamSearch(end_id, beam_size, length_alpha, length_penalty_kind, keep_greedy, stop_when_beam_full)
     return _search(strategy, step_fn, cache, start_id, end_id, max_lengths, context, cache_batch_axis,
-                   drop_finished, rules)
+                   drop_finished, rules, first_ids)
 
 
 def _cannot_be_beaten(best_final, final_count, live_log_probs, step, max_lengths, penalty):

@@ -235,6 +235,7 @@ def transformer_search(
     rules=None,
     length_penalty_kind="gnmt",
     stop_when_beam_full=True,
+    first_ids=None,
 ):
     """Translate source ids with a `Transformer`: greedy search for `beam_size=1`, else beam search.
 
@@ -258,6 +259,8 @@ def transformer_search(
         rules, length_penalty_kind, stop_when_beam_full: a checkpoint's
             `TokenRules`, length penalty and stopping rule (see
             `inference.search`); default: our own models'.
+        first_ids: `(batch,)` int32, each sentence's forced first token (a
+            request's target language; see `inference.greedy_search`).
 
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`, as the searches.
@@ -271,7 +274,7 @@ def transformer_search(
     max_lengths = output_limits(model, source_ids, max_extra_length, max_output_length)
     search = dict(start_id=start_id, end_id=end_id, max_lengths=max_lengths, length_alpha=length_alpha,
                   cache_batch_axis=cache_batch_axis(use_cache), drop_finished=not static_shapes, rules=rules,
-                  length_penalty_kind=length_penalty_kind)
+                  length_penalty_kind=length_penalty_kind, first_ids=first_ids)
     rows_per_source = 1 if beam_size == 1 else beam_rows_per_source(beam_size, keep_greedy)
     step_fn, cache, context = transformer_step(model, source_ids, num_steps(max_lengths),
                                                rows_per_source=rows_per_source, use_cache=use_cache,

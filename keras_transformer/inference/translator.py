@@ -47,7 +47,9 @@ class Translator(tf.Module):
         `max_length` are truncated to it (keeping [END]); an empty source
         gives "" with no tokens; bytes that are not UTF-8 are replaced.
         `translate_with_attention` adds the tokens as strings and the
-        cross-attention the translation was produced with.
+        cross-attention the translation was produced with;
+        `translate_between` takes each text's source and target language
+        (M2M100's and NLLB's checkpoints).
 
     Example:
     >>> translator = Translator(model, source_tokenizer, target_tokenizer, beam_size=4)
@@ -94,9 +96,16 @@ class Translator(tf.Module):
         self.stop_when_beam_full = stop_when_beam_full
         self.keep_greedy = keep_greedy
 
-    def source_ids(self, texts):
-        """`(batch, length)` int32 source ids, truncated to the model's max_length."""
-        ids = self.source_tokenizer.tokenize(texts)
+    def source_ids(self, texts, language_ids=None):
+        """`(batch, length)` int32 source ids, truncated to the model's max_length.
+
+        `language_ids`: each text's language token, in place of the source
+        tokenizer's own (see `translate_between`).
+        """
+        if language_ids is None:
+            ids = self.source_tokenizer.tokenize(texts)
+        else:
+            ids = self.source_tokenizer.tokenize(texts, language_ids=language_ids)
         max_length = self.model.max_length
         too_long = ids.row_lengths() > max_length
         ids = ids.to_tensor()[:, :max_length]
@@ -104,20 +113,23 @@ class Translator(tf.Module):
         last_column = tf.range(tf.shape(ids)[1]) == max_length - 1
         return tf.where(too_long[:, None] & last_column, self.source_tokenizer.end_id, ids)
 
-    def search(self, source_ids, static_shapes=False):
-        """Ids in, `(tokens, scores)` out (`static_shapes`, for XLA: see `inference.steps.transformer_search`)."""
+    def search(self, source_ids, static_shapes=False, first_ids=None):
+        """Ids in, `(tokens, scores)` out (`static_shapes`, for XLA: see `inference.steps.transformer_search`).
+
+        `first_ids`: each sentence's forced first token (its target language).
+        """
         target = self.target_tokenizer
         return transformer_search(
             self.model, source_ids, target.start_id, target.end_id, beam_size=self.beam_size,
             length_alpha=self.length_alpha, max_extra_length=self.max_extra_length,
             max_output_length=self.max_output_length, static_shapes=static_shapes, rules=self.rules,
             length_penalty_kind=self.length_penalty_kind, stop_when_beam_full=self.stop_when_beam_full,
-            keep_greedy=self.keep_greedy,
+            keep_greedy=self.keep_greedy, first_ids=first_ids,
         )
 
-    def _translate(self, texts):
-        source_ids = self.source_ids(texts)
-        tokens, scores = self.search(source_ids)
+    def _translate(self, texts, source_language_ids=None, target_language_ids=None):
+        source_ids = self.source_ids(texts, source_language_ids)
+        tokens, scores = self.search(source_ids, first_ids=target_language_ids)
         # The tokenizer's frame alone ([START] and [END]; a checkpoint's </s>): nothing to translate.
         empty = tf.reduce_sum(tf.cast(source_ids != 0, tf.int32), axis=1) <= self.source_tokenizer.frame_length
         tokens = tf.where(empty[:, None], 0, tokens)
@@ -133,6 +145,40 @@ class Translator(tf.Module):
     @graph_function(input_signature=[tf.TensorSpec([None], tf.string)])
     def __call__(self, texts):
         return self._translate(texts)[1]
+
+    @property
+    def languages(self):
+        """The language codes `translate_between` takes (empty: it takes none)."""
+        if self.source_tokenizer.languages and self.target_tokenizer.languages:
+            return list(self.target_tokenizer.languages)
+        return []
+
+    @graph_function(input_signature=[tf.TensorSpec([None], tf.string)] * 3)
+    def translate_between(self, texts, source_languages, target_languages):
+        """`__call__` with each text's own languages: one model, any of its language pairs, in one batch.
+
+        The codes are those `--source-lang` and `--target-lang` take ("de",
+        "fra_Latn"; `languages` lists them): the source language's token goes
+        before the text's pieces and the target language's is the output's
+        forced first token, as a translator imported for that pair does. An
+        unknown code is an `InvalidArgument` error naming the input.
+
+        Example:
+        >>> translator.translate_between(tf.constant(["Hello!", "Hello!"]), tf.constant(["en", "en"]),
+        ...                              tf.constant(["de", "fr"]))["translation"]
+        """
+        if not self.languages:
+            raise ValueError("this translator's tokenizers name no languages (only M2M100's and NLLB's do)")
+        checks = [
+            tf.debugging.assert_equal(tf.size(codes), tf.size(texts), message=f"{name} must hold one code per text")
+            for name, codes in (("source_language", source_languages), ("target_language", target_languages))
+        ]
+        with tf.control_dependencies(checks):
+            texts, source_languages, target_languages = (
+                tf.identity(value) for value in (texts, source_languages, target_languages))
+        source_language_ids = self.source_tokenizer.language_ids(source_languages, "source_language")
+        target_language_ids = self.target_tokenizer.language_ids(target_languages, "target_language")
+        return self._translate(texts, source_language_ids, target_language_ids)[1]
 
     def attention_scores(self, source_ids, tokens):
         """Every attention map of the model while it produced `tokens` (as the searches return them).

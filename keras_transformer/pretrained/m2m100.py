@@ -90,6 +90,8 @@ def tokenizers(directory, config, source_lang=None, target_lang=None):
         pad_token=tokenizer_config.get("pad_token", "<pad>"),
         # Dropped from decoded text, as transformers 4 did (5.24 leaves "__de__" in it).
         special_tokens=["<s>"] + language_tokens,
+        # What a request may name in an export's `translate_between`: the codes, as --target-lang takes them.
+        languages={code: token for code, token in zip(codes, language_tokens)},
     )
     source = SentencePieceTokenizer(
         model, vocab, prefix_tokens=[_language_token(source_lang, codes, "source")], **special
@@ -134,7 +136,8 @@ def _nllb_tokenizers(directory, config, tokenizer_config, source_lang, target_la
     # tokenizers' pipeline around the BPE: Metaspace splits at every space; the normalizer may collapse runs.
     normalizers = json.dumps(numbered.get("normalizer"))
     special = dict(unk_token="<unk>", end_token="</s>", pad_token="<pad>", special_tokens=specials,
-                   strip_trailing_space=False, word_by_word=True, collapse_spaces=" {2,}" in normalizers)
+                   strip_trailing_space=False, word_by_word=True, collapse_spaces=" {2,}" in normalizers,
+                   languages={code: code for code in languages})
     source = SentencePieceTokenizer(model, vocab, prefix_tokens=[source_lang], **special)
     target = SentencePieceTokenizer(
         model, vocab, start_token=vocab[config["decoder_start_token_id"]], prefix_tokens=[target_lang], **special

@@ -65,6 +65,10 @@ class SentencePieceTokenizer(tf.Module):
             SentencePiece itself drops extra spaces.
         collapse_spaces: with `word_by_word`, runs of spaces become one first
             (NLLB's normalizer).
+        languages: `{code: token}`, the languages a request may name, each
+            by the code `--source-lang`/`--target-lang` take ("fr",
+            "fra_Latn") and its token ("__fr__", "fra_Latn"): what
+            `language_ids` reads (M2M100, NLLB; empty for others).
 
     Example:
     >>> tokenizer = SentencePieceTokenizer(open("source.spm", "rb").read(), vocab, "<unk>", "</s>")
@@ -87,12 +91,14 @@ class SentencePieceTokenizer(tf.Module):
         strip_trailing_space=True,
         word_by_word=False,
         collapse_spaces=False,
+        languages=None,
         name=None,
     ):
         super().__init__(name=name)
         vocab = list(vocab)
         for role, token in (("unk_token", unk_token), ("end_token", end_token), ("start_token", start_token),
-                            ("pad_token", pad_token), *(("prefix token", token) for token in prefix_tokens)):
+                            ("pad_token", pad_token), *(("prefix token", token) for token in prefix_tokens),
+                            *(("language token", token) for token in (languages or {}).values())):
             if token is not None and token not in vocab:
                 raise ValueError(f"the vocabulary has no {role} {token!r}")
         if len(set(vocab)) != len(vocab):
@@ -106,6 +112,8 @@ class SentencePieceTokenizer(tf.Module):
             prefix_tokens=list(prefix_tokens), language_code_prefix=language_code_prefix,
             special_tokens=list(special_tokens), strip_trailing_space=strip_trailing_space,
             word_by_word=word_by_word, collapse_spaces=collapse_spaces,
+            # Only where there are some: other tokenizers keep their settings, and so their fingerprints.
+            **({"languages": dict(languages)} if languages else {}),
         ))
         self.vocab = [OUR_PADDING] + vocab  # our id order
         self.pad_id = 0
@@ -135,6 +143,33 @@ class SentencePieceTokenizer(tf.Module):
     def id_of(self, token):
         """Our id of a checkpoint token (its checkpoint id + `ID_OFFSET`)."""
         return self.vocab.index(token, 1)
+
+    @property
+    def languages(self):
+        """`{code: token}` of the languages a request may name (empty: none)."""
+        return self.settings.get("languages", {})
+
+    def language_ids(self, codes, name="language"):
+        """`(batch,)` language codes -> `(batch,)` int32, our ids of their tokens.
+
+        An unknown code fails the graph with an `InvalidArgument` error that
+        names `name` (the request's input) and the codes it got.
+        """
+        if not self.languages:
+            raise ValueError("this tokenizer names no languages (only M2M100's and NLLB's do)")
+        codes = tf.convert_to_tensor(codes, tf.string)
+        known = tf.constant(list(self.languages), tf.string)
+        token_ids = tf.constant([self.id_of(token) for token in self.languages.values()], tf.int32)
+        matches = tf.equal(codes[:, None], known[None, :])
+        unknown = tf.boolean_mask(codes, ~tf.reduce_any(matches, axis=1))
+        examples = ", ".join(list(self.languages)[:4])
+        check = tf.debugging.Assert(
+            tf.equal(tf.size(unknown), 0),
+            [f"{name} must be a language code of this model ({len(self.languages)} codes: {examples}, ...); got", unknown],
+            summarize=4,
+        )
+        with tf.control_dependencies([check]):
+            return tf.gather(token_ids, tf.argmax(tf.cast(matches, tf.int32), axis=1, output_type=tf.int32))
 
     @property
     def vocab_size(self):
@@ -183,10 +218,12 @@ class SentencePieceTokenizer(tf.Module):
 
     # -- text -> ids -> text -----------------------------------------------------------
 
-    def tokenize(self, strings, add_start_end=True):
+    def tokenize(self, strings, add_start_end=True, language_ids=None):
         """`(batch,)` strings -> ragged `(batch, None)` int32 ids: [start] [prefix] [code] pieces [end].
 
         Without `add_start_end`, only the code (if any) and the pieces.
+        `language_ids`: `(batch,)` each text's language token (`language_ids`),
+        in place of the one prefix token.
         """
         strings = tf.convert_to_tensor(strings, tf.string)
         # SentencePiece needs valid UTF-8: a bad byte becomes U+FFFD, as Python's decoding would.
@@ -205,9 +242,14 @@ class SentencePieceTokenizer(tf.Module):
         pieces = self._word_by_word(strings) if self.settings["word_by_word"] else self._encoder.tokenize(strings)
         columns.append(tf.ragged.map_flat_values(self._ids.lookup, pieces))
         if add_start_end:
-            leading = ([self.start_id] if self.start_id is not None else []) + self.prefix_ids
-            if leading:
-                columns.insert(0, _fixed_columns(rows, leading))
+            leading = [_fixed_columns(rows, [self.start_id])] if self.start_id is not None else []
+            if language_ids is not None:
+                if len(self.prefix_ids) != 1:
+                    raise ValueError("only a tokenizer with one prefix token (a language's) takes language_ids")
+                leading.append(tf.RaggedTensor.from_tensor(tf.reshape(tf.cast(language_ids, tf.int32), [-1, 1])))
+            elif self.prefix_ids:
+                leading.append(_fixed_columns(rows, self.prefix_ids))
+            columns[:0] = leading
             columns.append(_fixed_columns(rows, [self.end_id]))
         ids = tf.concat(columns, axis=1) if len(columns) > 1 else columns[0]
         return tf.cast(ids, tf.int32)

@@ -119,6 +119,11 @@ class WordPieceTokenizer(tf.Module):
     # `tokenize` frames every text with [START] and [END].
     frame_length = 2
 
+    @property
+    def languages(self):
+        """None to name: a vocabulary of our own is one language pair's (see `SentencePieceTokenizer.languages`)."""
+        return {}
+
     def fingerprint(self):
         """A digest of what decides the ids: the vocabulary and the casing (for data tokenized with it)."""
         content = "\n".join(self.vocab) + f"\nlower_case={self.lower_case}"
