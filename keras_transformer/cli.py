@@ -556,7 +556,8 @@ def _export(arguments):
             max_output_length=arguments.max_output_length,
         )
         print(f"exported SavedModel: {path}")
-        print("signatures: serving_default, translate_with_attention, score_tokens")
+        with open(os.path.join(path, "assets.extra", "translator.json"), encoding="utf-8") as file:
+            print(f"signatures: {', '.join(json.load(file)['signatures'])}")  # an M2M100's has translate_between
         print(f"try it:     keras-transformer translate --saved-model {path} \"...\"")
     else:
         if arguments.beam_size or arguments.length_penalty is not None or arguments.max_output_length:

@@ -411,6 +411,37 @@ def test_the_greedy_path_beside_the_beams_returns_the_better_of_both_searches(be
         assert greedy_won > 0  # the greedy row made a difference somewhere
 
 
+@pytest.mark.parametrize("beams, keep_greedy", [(1, False), (3, False), (3, True)])
+def test_each_sentence_starts_with_its_own_forced_token_as_if_searched_alone(beams, keep_greedy):
+    # `first_ids`: a forced first token per sentence (a request's target language). Sentences of
+    # different limits leave the batch at different steps; each must still get exactly what a
+    # search of it alone, its token forced for all (`TokenRules.forced_first`), gets.
+    from keras_transformer.inference import TokenRules
+
+    rng = np.random.default_rng(3)
+    vocab = 8
+    table = rng.dirichlet(np.full(vocab, 0.4), size=(vocab, vocab)).astype(np.float32)
+    first, max_lengths, first_ids = [3, 4, 5, 6, 7], [1, 4, 2, 6, 3], [5, 3, 7, 3, 6]
+    rows = beams + keep_greedy
+
+    def search(previous, limits, rules, **first):
+        settings = dict(start_id=TOY_START, end_id=TOY_END, max_lengths=limits, rules=rules, **first)
+        if beams == 1:
+            return greedy_search(toy_step(table), toy_cache(previous), **settings)
+        return beam_search(toy_step(table), toy_cache(previous, rows), beam_size=beams, keep_greedy=keep_greedy,
+                           **settings)
+
+    ours = TokenRules.ours(TOY_START)
+    together = tf.function(lambda ids: search(first, max_lengths, ours, first_ids=ids))(tf.constant(first_ids))
+    assert together[0].numpy()[:, 0].tolist() == first_ids
+    for index, (previous, limit, token) in enumerate(zip(first, max_lengths, first_ids)):
+        alone = search([previous], [limit], ours._replace(forced_first=token))
+        width = alone[0].shape[1]
+        np.testing.assert_array_equal(together[0].numpy()[index, :width], alone[0].numpy()[0])
+        assert not together[0].numpy()[index, width:].any()
+        np.testing.assert_allclose(together[1].numpy()[index], alone[1].numpy()[0], rtol=1e-6)
+
+
 def sentence_tables_step(tables, rows_per_source, rows_seen=None):
     """A trigram model per sentence: the context says which table each sentence's rows read (its own)."""
     log_tables = tf.math.log(tf.constant(tables, tf.float32))

@@ -7,7 +7,7 @@ and tensorflow-text ops only, so the stock `tensorflow_model_server` (which
 links tensorflow-text's ops) serves it as it is. It is written as version
 `EXPORT_BASE/<version>/` (see `versions`).
 
-Signatures (see `SIGNATURES`):
+Signatures (see `SIGNATURES` and `LANGUAGE_PAIR_SIGNATURES`):
 - `serving_default`: `text` (string `[batch]`) -> `translation` (string
   `[batch]`), `score` (float32 `[batch]`, the length-normalised log-probability).
 - `translate_with_attention`: the same plus `source_tokens`, `target_tokens`
@@ -17,9 +17,8 @@ Signatures (see `SIGNATURES`):
   padding, targets starting with [START]) -> `logits` (float32
   `[batch, target_len, target_vocab]`), for clients that tokenize themselves.
 - `translate_between`, in the export of an M2M100 or NLLB checkpoint only:
-  `text`, `source_language` and `target_language` (string `[batch]`, codes
-  such as "de" or "fra_Latn": `translator.json` lists them) -> `translation`,
-  `score`. One export serves every language pair of the model, each text its own.
+  `text`, `source_language`, `target_language` -> `translation`, `score`
+  (see `Translator.translate_between`; `translator.json` lists the codes).
 
 Inputs are checked in the graph before any other kernel sees them (see
 `requests`): anything of another rank is refused with an `InvalidArgument`

@@ -122,11 +122,11 @@ def loop_shapes(loop_vars, cache_position, cache_grows=True):
     return tuple(shapes)
 
 
-def _apply_rules(log_probs, rules, end_id, step, row_limits, row_first_ids):
+def _apply_rules(log_probs, rules, end_id, step, row_limits, first_ids):
     """`log_probs` with `rules` applied at output position `step`.
 
-    `row_limits`: each row's sentence's limit; `row_first_ids`: each row's
-    forced first token, or None (nothing forced).
+    `row_limits`: each row's sentence's limit; `first_ids`: the forced first
+    token, one for all rows or one a row, or None (nothing forced).
     """
     # The vocabulary size is static for a model's logits, so these masks are
     # constants once the graph is optimised.
@@ -136,22 +136,23 @@ def _apply_rules(log_probs, rules, end_id, step, row_limits, row_first_ids):
     if rules.renormalize:
         log_probs = tf.nn.log_softmax(log_probs)
 
-    def only(token_ids, rows):  # rows choosing their `token_ids` (one, or one a row) for certain (log-probability 0)
+    def certain(token_ids):  # log-probability 0 for `token_ids` (one, or one a row), -inf for every other id
         chosen = ids[None, :] == tf.reshape(token_ids, [-1, 1])
-        forced = tf.where(chosen, tf.constant(0.0, log_probs.dtype), tf.cast(NEG_INF, log_probs.dtype))
-        return tf.where(rows[:, None], forced, log_probs)
+        return tf.where(chosen, tf.constant(0.0, log_probs.dtype), tf.cast(NEG_INF, log_probs.dtype))
 
-    if row_first_ids is not None:
-        log_probs = only(row_first_ids, tf.fill([tf.shape(log_probs)[0]], step == 0))
+    if first_ids is not None:
+        # At the first position only: the later steps skip the (rows, vocab) work.
+        log_probs = tf.cond(tf.equal(step, 0), lambda: tf.broadcast_to(certain(first_ids), tf.shape(log_probs)),
+                            lambda: log_probs)
     if rules.end_at_limit:
-        log_probs = only(end_id, step + 1 >= row_limits)
+        log_probs = tf.where((step + 1 >= row_limits)[:, None], certain(end_id), log_probs)
     return log_probs
 
 
-def _log_probs(step_fn, last, cache, step, context, rules, end_id, row_limits, row_first_ids):
+def _log_probs(step_fn, last, cache, step, context, rules, end_id, row_limits, first_ids):
     """One model step: log-probabilities of every next token under `rules`, and the updated cache."""
     logits, cache = step_fn(last, cache, step, context)
-    return _apply_rules(tf.nn.log_softmax(logits), rules, end_id, step, row_limits, row_first_ids), cache
+    return _apply_rules(tf.nn.log_softmax(logits), rules, end_id, step, row_limits, first_ids), cache
 
 
 def write_column(buffer, column, values):
@@ -163,7 +164,7 @@ def write_column(buffer, column, values):
 # -- the sentences still searching -----------------------------------------------
 
 # The sentences a search still works on: their places in the batch, their limits and their forced
-# first tokens (-1 where nothing is forced).
+# first tokens (each sentence's own, when the search was given some; else unread zeros).
 Sentences = collections.namedtuple("Sentences", ["places", "max_lengths", "first_ids"])
 
 
@@ -240,9 +241,10 @@ def _search(strategy, step_fn, cache, start_id, end_id, max_lengths, context, ca
     steps = num_steps(max_lengths)
     rows_per_source = strategy.rows_per_source
     rules = rules or TokenRules.ours(start_id)
-    forces_first = first_ids is not None or rules.forced_first is not None
-    if first_ids is None:
-        first_ids = tf.fill([batch], -1 if rules.forced_first is None else rules.forced_first)
+    # Each sentence's own first token rides with the sentence; one for all is a constant.
+    first_per_sentence = first_ids is not None
+    if not first_per_sentence:
+        first_ids = tf.zeros([batch], tf.int32)
 
     def not_done(step, sentences, cache, context, last, state, results):
         return (step < steps) & ~tf.reduce_all(strategy.finished(state))
@@ -252,7 +254,7 @@ def _search(strategy, step_fn, cache, start_id, end_id, max_lengths, context, ca
         if rows_per_source > 1:
             row_limits, row_first_ids = (tf.repeat(value, rows_per_source) for value in (row_limits, row_first_ids))
         log_probs, cache = _log_probs(step_fn, last, cache, step, context, rules, end_id, row_limits,
-                                      row_first_ids if forces_first else None)
+                                      row_first_ids if first_per_sentence else rules.forced_first)
         tokens, parents, state = strategy.advance(state, log_probs, step, sentences.max_lengths)
         if drop_finished:
             # Beam search gathers its cache rows by `parents` below, which

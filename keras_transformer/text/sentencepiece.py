@@ -112,7 +112,7 @@ class SentencePieceTokenizer(tf.Module):
             prefix_tokens=list(prefix_tokens), language_code_prefix=language_code_prefix,
             special_tokens=list(special_tokens), strip_trailing_space=strip_trailing_space,
             word_by_word=word_by_word, collapse_spaces=collapse_spaces,
-            # Only where there are some: other tokenizers keep their settings, and so their fingerprints.
+            # Only where there are some: other tokenizers' tokenizer.json stays as it was.
             **({"languages": dict(languages)} if languages else {}),
         ))
         self.vocab = [OUR_PADDING] + vocab  # our id order
@@ -184,7 +184,9 @@ class SentencePieceTokenizer(tf.Module):
         """A digest of what decides the ids: the models, the vocabulary and the framing."""
         digest = hashlib.sha256(self.model)
         digest.update(self.decode_model)
-        digest.update(json.dumps([list(self.checkpoint_vocab), self.settings], sort_keys=True).encode("utf-8"))
+        # The languages a request may name decide no text's ids (a prefix token does).
+        framing = {key: value for key, value in self.settings.items() if key != "languages"}
+        digest.update(json.dumps([list(self.checkpoint_vocab), framing], sort_keys=True).encode("utf-8"))
         return digest.hexdigest()
 
     # -- saving, loading ---------------------------------------------------------------
@@ -225,6 +227,8 @@ class SentencePieceTokenizer(tf.Module):
         `language_ids`: `(batch,)` each text's language token (`language_ids`),
         in place of the one prefix token.
         """
+        if language_ids is not None and not add_start_end:
+            raise ValueError("language_ids take the place of the prefix, which only add_start_end puts there")
         strings = tf.convert_to_tensor(strings, tf.string)
         # SentencePiece needs valid UTF-8: a bad byte becomes U+FFFD, as Python's decoding would.
         strings = tf.strings.unicode_transcode(strings, "UTF-8", "UTF-8", errors="replace")

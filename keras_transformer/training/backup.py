@@ -43,6 +43,7 @@ metrics start afresh (weights, optimizer, data and dropout are exact).
 
 import dataclasses
 import functools
+import logging
 import os
 import signal
 
@@ -55,6 +56,8 @@ from keras import ops
 
 from keras_transformer import saving
 from keras_transformer.models.multi_worker import spans_workers
+
+logger = logging.getLogger("keras_transformer")
 
 STATE = "state.json"
 # The layout of backups written by Keras' BackupAndRestore (by runs made
@@ -150,6 +153,8 @@ class TrainingBackup(keras.callbacks.Callback):
         if state is None:
             return
         saving.load_weights(self.model, os.path.join(self.backup_dir, state.weights))
+        logger.info("resuming from the backup %s", f"after batch {state.batches_done} of epoch {state.epoch + 1}"
+                    if state.batches_done else f"at the start of epoch {state.epoch + 1}")
         # Keras' fit starts at the model's initial epoch when one is set.
         self.model._initial_epoch = state.epoch
         self.model._resumed_mid_epoch = state.batches_done > 0
