@@ -334,11 +334,12 @@ def test_an_m2m100_run_translates_into_the_language_it_is_told(m2m100_run):
 def test_an_m2m100_export_serves_every_language_pair_in_a_fresh_process(m2m100_run, tmp_path):
     """`translate_between`, in a process with TensorFlow and tensorflow-text alone, as the run in this one."""
     want, _ = expected("m2m100-en-de")
-    cli_here("export", m2m100_run, tmp_path / "export")
+    # Greedy: beam search's first tokens per text are the in-process tests' (above); this is about serving.
+    cli_here("export", m2m100_run, tmp_path / "export", "--beam-size", "1")
     assert "languages" in json.loads((tmp_path / "export" / "1" / "assets.extra" / "translator.json").read_text())
     texts = want["sources"][:3] + [""]
     sources, targets = ["en", "en", "de", "en"], ["de", "fr", "en", "es"]
-    translator = translation.load_translator(str(m2m100_run))
+    translator = translation.load_translator(str(m2m100_run), beam_size=1)
     in_process = translator.translate_between(tf.constant(texts), tf.constant(sources),
                                               tf.constant(targets))["translation"].numpy()
     # The other signatures' malformed requests go to the Marian run's export (above).
@@ -355,10 +356,10 @@ def test_an_m2m100_export_serves_every_language_pair_in_a_fresh_process(m2m100_r
     assert named == {"InvalidArgumentError"}
 
 
-# Three language pairs of each multilingual fixture, the first the one it was saved for.
+# Two language pairs of each multilingual fixture: the one it was saved for, and one with both languages changed.
 LANGUAGE_PAIRS = {
-    "m2m100-en-de": (("en", "de"), ("en", "fr"), ("de", "en")),
-    "nllb-en-de": (("eng_Latn", "deu_Latn"), ("eng_Latn", "fra_Latn"), ("deu_Latn", "eng_Latn")),
+    "m2m100-en-de": (("en", "de"), ("de", "fr")),
+    "nllb-en-de": (("eng_Latn", "deu_Latn"), ("deu_Latn", "fra_Latn")),
 }
 
 
