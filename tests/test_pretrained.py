@@ -364,6 +364,7 @@ LANGUAGE_PAIRS = {
 
 
 # Beam search on one, greedy on the other: the forced first tokens of a beam's rows, and of a greedy row.
+@pytest.mark.slow  # a checkpoint loaded and a search traced per pair (test_search.py has the fast proof)
 @pytest.mark.parametrize("name, beam_size", [("m2m100-en-de", 4), ("nllb-en-de", 1)])
 def test_one_multilingual_translator_translates_each_text_between_its_own_languages(name, beam_size):
     """`translate_between`: each text with its own pair, exactly as a translator imported for that pair."""
