@@ -19,6 +19,7 @@ from keras_transformer.inference import (
     transformer_step,
 )
 from keras_transformer.inference import steps as decoding_steps
+from keras_transformer.inference.tracing import graph_function
 from keras_transformer.text import WordPieceTokenizer
 
 START, END = 2, 3
@@ -42,7 +43,7 @@ def model():
     # others run to their length limit: both ways of finishing get exercised.
     bias = model.output_projection.bias.numpy()
     # Traced once: each call reads the bias variable as it now is.
-    search = tf.function(lambda ids: transformer_search(model, ids, START, END, max_extra_length=3))
+    search = graph_function(lambda ids: transformer_search(model, ids, START, END, max_extra_length=3))
     for end_bias in np.arange(0.0, 3.0, 0.05):
         bias[END] = end_bias
         model.output_projection.bias.assign(bias)
@@ -63,8 +64,8 @@ def cache_room(request, monkeypatch):
 
 def test_cached_greedy_equals_greedy_recomputing_the_prefix(model, cache_room):
     # Traced once each: the three batches have one shape.
-    cached_search = tf.function(lambda x: transformer_search(model, x, START, END, max_extra_length=6))
-    plain_search = tf.function(lambda x: transformer_search(model, x, START, END, max_extra_length=6, use_cache=False))
+    cached_search = graph_function(lambda x: transformer_search(model, x, START, END, max_extra_length=6))
+    plain_search = graph_function(lambda x: transformer_search(model, x, START, END, max_extra_length=6, use_cache=False))
     for seed in range(3):
         ids = sources(seed)
         cached_tokens, cached_scores = cached_search(ids)
@@ -75,7 +76,7 @@ def test_cached_greedy_equals_greedy_recomputing_the_prefix(model, cache_room):
 
 def test_sentences_finish_at_different_steps_and_respect_their_limits(model):
     ids = sources(1)
-    tokens, _ = tf.function(lambda x: transformer_search(model, x, START, END, max_extra_length=3))(ids)
+    tokens, _ = graph_function(lambda x: transformer_search(model, x, START, END, max_extra_length=3))(ids)
     tokens = tokens.numpy()
     source_lengths = (ids != 0).sum(1)
     lengths = (tokens != 0).sum(1)
@@ -108,16 +109,16 @@ def test_beam_of_one_is_greedy(model):
             return beam_search(step_fn, cache, START, END, max_lengths, beam_size=1, **settings)
         return greedy_search(step_fn, cache, START, END, max_lengths, **settings)
 
-    greedy_tokens, greedy_scores = tf.function(search)(ids)
-    beam_tokens, beam_scores = tf.function(lambda x: search(x, beam_search_of_one=True))(ids)
+    greedy_tokens, greedy_scores = graph_function(search)(ids)
+    beam_tokens, beam_scores = graph_function(lambda x: search(x, beam_search_of_one=True))(ids)
     np.testing.assert_array_equal(beam_tokens.numpy(), greedy_tokens.numpy())
     np.testing.assert_allclose(beam_scores.numpy(), greedy_scores.numpy(), atol=1e-5)
 
 
 @pytest.mark.parametrize("beam_size", [2, 4])
 def test_beam_search_never_scores_worse_than_greedy(model, beam_size):
-    greedy_search_ = tf.function(lambda x: transformer_search(model, x, START, END, max_extra_length=6))
-    beam_search_ = tf.function(lambda x: transformer_search(model, x, START, END, beam_size=beam_size, max_extra_length=6))
+    greedy_search_ = graph_function(lambda x: transformer_search(model, x, START, END, max_extra_length=6))
+    beam_search_ = graph_function(lambda x: transformer_search(model, x, START, END, beam_size=beam_size, max_extra_length=6))
     for seed in range(3):
         ids = sources(10 + seed)
         greedy_tokens, _ = greedy_search_(ids)
@@ -131,8 +132,8 @@ def test_beam_search_never_scores_worse_than_greedy(model, beam_size):
 
 def test_cached_beam_equals_recomputed_beam(model, cache_room):
     ids = sources(4)
-    cached = tf.function(lambda x: transformer_search(model, x, START, END, beam_size=3, max_extra_length=5))(ids)
-    plain = tf.function(lambda x: transformer_search(model, x, START, END, beam_size=3, max_extra_length=5, use_cache=False))(ids)
+    cached = graph_function(lambda x: transformer_search(model, x, START, END, beam_size=3, max_extra_length=5))(ids)
+    plain = graph_function(lambda x: transformer_search(model, x, START, END, beam_size=3, max_extra_length=5, use_cache=False))(ids)
     np.testing.assert_array_equal(cached[0].numpy(), plain[0].numpy())
     np.testing.assert_allclose(cached[1].numpy(), plain[1].numpy(), atol=1e-5)
 
@@ -146,8 +147,8 @@ def test_a_tied_output_decodes_as_recomputation_does():
     ids = sources(5)
     for beam_size in (1, 3):
         settings = dict(start_id=START, end_id=END, beam_size=beam_size, max_extra_length=5)
-        cached = tf.function(lambda x: transformer_search(tied, x, **settings))(ids)
-        plain = tf.function(lambda x: transformer_search(tied, x, use_cache=False, **settings))(ids)
+        cached = graph_function(lambda x: transformer_search(tied, x, **settings))(ids)
+        plain = graph_function(lambda x: transformer_search(tied, x, use_cache=False, **settings))(ids)
         np.testing.assert_array_equal(cached[0].numpy(), plain[0].numpy())
         np.testing.assert_allclose(cached[1].numpy(), plain[1].numpy(), atol=1e-5)
         teacher_forced = score_sequences(tied, ids, cached[0], START)
@@ -251,8 +252,8 @@ def test_cached_search_under_mixed_bfloat16():
     model = kt.models.Transformer(**CONFIG)
     ids = sources(5)
     for beam_size in (1, 4):
-        cached = tf.function(lambda x: transformer_search(model, x, START, END, beam_size, max_extra_length=4))(ids)
-        plain = tf.function(
+        cached = graph_function(lambda x: transformer_search(model, x, START, END, beam_size, max_extra_length=4))(ids)
+        plain = graph_function(
             lambda x: transformer_search(model, x, START, END, beam_size, max_extra_length=4, use_cache=False))(ids)
         assert cached[1].dtype == tf.float32 and np.all(np.isfinite(cached[1].numpy()))
         # bfloat16 rounding differs between the two paths; most tokens agree.
@@ -275,7 +276,7 @@ def toy_table(rows, vocab=5):
 
 def toy_step(table, cache_batch_axis=0):
     """A trigram model as a step function: its cache holds each row's previous token."""
-    log_table = tf.math.log(tf.constant(table, tf.float32))
+    log_table = tf.math.log(tf.convert_to_tensor(table, tf.float32))  # an array, or a graph's input
 
     def step_fn(tokens, cache, index, context):
         previous = cache["previous"][0] if cache_batch_axis == 1 else cache["previous"]
@@ -317,7 +318,7 @@ TOY_MAX_LENGTHS = [2, 3]
 
 @pytest.mark.parametrize("length_alpha", [0.6, 2.0])
 def test_greedy_search_on_a_hand_written_step_function(length_alpha):
-    search = tf.function(lambda cache: greedy_search(
+    search = graph_function(lambda cache: greedy_search(
         toy_step(TOY_TABLE), cache, TOY_START, TOY_END, TOY_MAX_LENGTHS, length_alpha=length_alpha))
     tokens, scores = search(toy_cache(TOY_FIRST))
     # Sentence 0 stops at its limit of 2 tokens without [END]; sentence 1 ends at once.
@@ -329,7 +330,7 @@ def test_greedy_search_on_a_hand_written_step_function(length_alpha):
 @pytest.mark.parametrize("length_alpha, sentence_1", [(0.0, [TOY_END, 0, 0]), (0.6, [TOY_END, 0, 0]), (2.0, [B, TOY_END, 0])])
 def test_beam_search_on_a_hand_written_step_function(length_alpha, sentence_1):
     beams = 2
-    search = tf.function(lambda cache: beam_search(
+    search = graph_function(lambda cache: beam_search(
         toy_step(TOY_TABLE), cache, TOY_START, TOY_END, TOY_MAX_LENGTHS, beam_size=beams, length_alpha=length_alpha))
     tokens, scores = search(toy_cache(TOY_FIRST, beams))
     # Sentence 0: "B [END]" (0.4 * 0.9) beats greedy's "A A" (0.5 * 0.22). Sentence 1:
@@ -368,10 +369,10 @@ def test_searches_return_what_a_random_step_function_scores_them(cache_batch_axi
     first, max_lengths = [3, 4, 5, 6, 0], [1, 3, 4, 5, 6]
     step_fn = toy_step(table, cache_batch_axis)
     settings = dict(start_id=TOY_START, end_id=TOY_END, max_lengths=max_lengths, length_alpha=alpha)
-    greedy = tf.function(lambda cache: greedy_search(step_fn, cache, cache_batch_axis=cache_batch_axis, **settings))(
+    greedy = graph_function(lambda cache: greedy_search(step_fn, cache, cache_batch_axis=cache_batch_axis, **settings))(
         toy_cache(first, 1, cache_batch_axis))
     for beams in (1, 2, 3):
-        found = tf.function(lambda cache: beam_search(step_fn, cache, beam_size=beams, cache_batch_axis=cache_batch_axis,
+        found = graph_function(lambda cache: beam_search(step_fn, cache, beam_size=beams, cache_batch_axis=cache_batch_axis,
                                                       **settings))(toy_cache(first, beams, cache_batch_axis))
         if beams == 1:
             np.testing.assert_array_equal(found[0].numpy(), greedy[0].numpy())
@@ -391,19 +392,22 @@ def test_the_greedy_path_beside_the_beams_returns_the_better_of_both_searches(be
     # beam search's own steps: exactly the better of the two searches run apart.
     if not early_stop:
         never_beaten(monkeypatch)
+    # In a graph, as the export runs it: traced once, each seed's table and limits its inputs.
+    together_in_graph = graph_function(lambda cache, table, max_lengths: beam_search(
+        toy_step(table), cache, TOY_START, TOY_END, max_lengths, beam_size=beams, keep_greedy=True),
+        reduce_retracing=True)
     greedy_won = 0
     for seed in range(8):
         rng = np.random.default_rng(seed)
         vocab = int(rng.integers(6, 12))
         table = rng.dirichlet(np.full(vocab, 0.3), size=(vocab, vocab)).astype(np.float32)
         first = rng.integers(0, vocab, 5).tolist()
-        settings = dict(start_id=TOY_START, end_id=TOY_END, max_lengths=rng.integers(1, 12, 5).tolist())
+        max_lengths = rng.integers(1, 12, 5).tolist()
+        settings = dict(start_id=TOY_START, end_id=TOY_END, max_lengths=max_lengths)
         beams_only = beam_search(toy_step(table), toy_cache(first, beams), beam_size=beams, **settings)
         greedy = greedy_search(toy_step(table), toy_cache(first), **settings)
         apart = higher_scoring(beams_only, greedy)
-        together = tf.function(lambda cache: beam_search(  # in a graph, as the export runs it
-            toy_step(table), cache, beam_size=beams, keep_greedy=True, **settings))(
-            toy_cache(first, beams + 1))
+        together = together_in_graph(toy_cache(first, beams + 1), table, tf.constant(max_lengths))
         np.testing.assert_array_equal(together[0].numpy(), apart[0].numpy())
         np.testing.assert_allclose(together[1].numpy(), apart[1].numpy(), rtol=1e-6)
         greedy_won += int(np.sum(greedy[1].numpy() > beams_only[1].numpy()))
@@ -432,7 +436,7 @@ def test_each_sentence_starts_with_its_own_forced_token_as_if_searched_alone(bea
                            **settings)
 
     ours = TokenRules.ours(TOY_START)
-    together = tf.function(lambda ids: search(first, max_lengths, ours, first_ids=ids))(tf.constant(first_ids))
+    together = graph_function(lambda ids: search(first, max_lengths, ours, first_ids=ids))(tf.constant(first_ids))
     assert together[0].numpy()[:, 0].tolist() == first_ids
     for index, (previous, limit, token) in enumerate(zip(first, max_lengths, first_ids)):
         alone = search([previous], [limit], ours._replace(forced_first=token))
@@ -444,7 +448,7 @@ def test_each_sentence_starts_with_its_own_forced_token_as_if_searched_alone(bea
 
 def sentence_tables_step(tables, rows_per_source, rows_seen=None):
     """A trigram model per sentence: the context says which table each sentence's rows read (its own)."""
-    log_tables = tf.math.log(tf.constant(tables, tf.float32))
+    log_tables = tf.math.log(tf.convert_to_tensor(tables, tf.float32))  # an array, or a graph's input
 
     def step_fn(tokens, cache, index, context):
         if rows_seen is not None:
@@ -462,30 +466,30 @@ def test_dropping_finished_sentences_changes_no_result_and_saves_their_steps(bea
     # Each sentence reads its own random table through the context: a row that
     # read another sentence's context after the batch shrank would search on
     # the wrong model. Greedy search for beams=1.
+    batch, rows = 6, beams + 1 if keep_greedy else beams
+    search = functools.partial(beam_search, beam_size=beams, keep_greedy=keep_greedy) if beams > 1 else greedy_search
+    context = {"table": tf.range(batch)}
+    # Eager, so that every step's rows are counted; then in a graph, as the export runs it (traced
+    # once per setting, each seed's tables and limits its inputs).
+    in_graph = {drop_finished: graph_function(lambda cache, tables, max_lengths, drop_finished=drop_finished: search(
+        sentence_tables_step(tables, rows), cache, TOY_START, TOY_END, max_lengths, context=context,
+        drop_finished=drop_finished), reduce_retracing=True) for drop_finished in (True, False)}
     rows_computed = {True: 0, False: 0}
     for seed in range(6):
         rng = np.random.default_rng(seed)
-        batch, vocab = 6, int(rng.integers(6, 12))
+        vocab = int(rng.integers(6, 12))
         tables = rng.dirichlet(np.full(vocab, 0.3), size=(batch, vocab, vocab)).astype(np.float32)
         max_lengths = rng.integers(1, 14, batch).tolist()
-        rows = beams + 1 if keep_greedy else beams
         cache = {"previous": tf.repeat(tf.constant(rng.integers(0, vocab, batch), tf.int32), rows)}
-        context = {"table": tf.range(batch)}
-        settings = dict(start_id=TOY_START, end_id=TOY_END, max_lengths=max_lengths, context=context)
-        if beams > 1:
-            settings.update(beam_size=beams, keep_greedy=keep_greedy)
-        search = beam_search if beams > 1 else greedy_search
         found = {}
         for drop_finished in (True, False):
             rows_seen = []
-            # Eager, so that every step's rows are counted; then in a graph, as the export runs it.
-            found[drop_finished] = search(sentence_tables_step(tables, rows, rows_seen), cache,
-                                          drop_finished=drop_finished, **settings)
+            found[drop_finished] = search(sentence_tables_step(tables, rows, rows_seen), cache, TOY_START, TOY_END,
+                                          max_lengths, context=context, drop_finished=drop_finished)
             rows_computed[drop_finished] += sum(rows_seen)
-            in_graph = tf.function(lambda cache, drop_finished=drop_finished: search(
-                sentence_tables_step(tables, rows), cache, drop_finished=drop_finished, **settings))(cache)
-            np.testing.assert_array_equal(in_graph[0].numpy(), found[drop_finished][0].numpy())
-            np.testing.assert_allclose(in_graph[1].numpy(), found[drop_finished][1].numpy(), rtol=1e-6)
+            in_graph_found = in_graph[drop_finished](cache, tables, tf.constant(max_lengths))
+            np.testing.assert_array_equal(in_graph_found[0].numpy(), found[drop_finished][0].numpy())
+            np.testing.assert_allclose(in_graph_found[1].numpy(), found[drop_finished][1].numpy(), rtol=1e-6)
         np.testing.assert_array_equal(found[True][0].numpy(), found[False][0].numpy())
         np.testing.assert_allclose(found[True][1].numpy(), found[False][1].numpy(), rtol=1e-6)
     assert rows_computed[True] < 0.8 * rows_computed[False], rows_computed
@@ -500,7 +504,7 @@ def test_an_empty_batch_or_one_that_finishes_at_once_leaves_cleanly(max_lengths)
         cache = {"previous": tf.zeros([batch * rows], tf.int32)}
         context = {"table": tf.range(batch)}
         search = functools.partial(beam_search, beam_size=beams, keep_greedy=True) if beams > 1 else greedy_search
-        found = [tf.function(lambda cache, drop_finished=drop_finished: search(
+        found = [graph_function(lambda cache, drop_finished=drop_finished: search(
             sentence_tables_step(tables, rows), cache, TOY_START, TOY_END, max_lengths, context=context,
             drop_finished=drop_finished))(cache) for drop_finished in (True, False)]
         assert found[0][0].shape[0] == batch
@@ -514,8 +518,8 @@ def test_searches_compile_with_xla_on_a_cache_with_all_its_room(model, beam_size
     # kept in the batch), and the same translations.
     ids = sources(5)
     settings = dict(start_id=START, end_id=END, beam_size=beam_size, max_extra_length=20)
-    plain = tf.function(lambda x: transformer_search(model, x, **settings))(ids)
-    compiled = tf.function(lambda x: transformer_search(model, x, static_shapes=True, **settings), jit_compile=True)(ids)
+    plain = graph_function(lambda x: transformer_search(model, x, **settings))(ids)
+    compiled = graph_function(lambda x: transformer_search(model, x, static_shapes=True, **settings), jit_compile=True)(ids)
     assert (plain[0].numpy() != 0).sum(axis=1).max() > decoding_steps.INITIAL_CACHE_ROOM  # the plain one's cache grew
     np.testing.assert_array_equal(compiled[0].numpy(), plain[0].numpy())
     np.testing.assert_allclose(compiled[1].numpy(), plain[1].numpy(), atol=1e-5)
