@@ -1,10 +1,12 @@
 """`model.fit` of a small Transformer, in this process or as one worker of a cluster (TF_CONFIG).
 
-    python tests/multi_worker_fit.py OUT.npz [--strategy none|multi-worker]
+    python tests/multi_worker_fit.py OUT.npz [--strategy none|multi-worker] [--shards RUN_DIR OUT.json]
 
 Trains a fixed number of steps on fixed global batches (no dropout) and
 saves the weights and the history: run alone and as two workers, the
-results must agree. Used by tests/test_multi_worker.py.
+results must agree. With `--shards`, a worker then writes the pairs its
+batches held (`multi_worker_shards.py`), so that one cluster start serves
+both checks. Used by tests/test_multi_worker.py.
 """
 
 import argparse
@@ -18,6 +20,7 @@ import tensorflow as tf  # noqa: E402
 
 import keras  # noqa: E402
 import keras_transformer as kt  # noqa: E402
+from multi_worker_shards import write_pairs_seen  # noqa: E402  (this folder is the script's)
 
 GLOBAL_BATCH, STEPS = 16, 6
 
@@ -34,6 +37,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--strategy", default="none")
+    parser.add_argument("--shards", nargs=2, metavar=("RUN_DIR", "OUT"))
     arguments = parser.parse_args()
     strategy = kt.training.make_strategy(arguments.strategy, cluster_timeout=120)
     keras.utils.set_random_seed(0)
@@ -50,6 +54,8 @@ def main():
     history = model.fit(batches(), epochs=2, validation_data=batches(), verbose=0)
     weights = {variable.path: keras.ops.convert_to_numpy(variable) for variable in model.trainable_variables}
     np.savez(arguments.out, history=json.dumps(history.history), **weights)
+    if arguments.shards:
+        write_pairs_seen(strategy, *arguments.shards)
 
 
 if __name__ == "__main__":

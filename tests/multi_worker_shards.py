@@ -6,7 +6,8 @@ Tokenises the demo corpus's first 300 pairs into RUN_DIR's shards (the chief
 writes them; the other worker reads the chief's), builds the training batches
 as `keras-transformer train` does on a cluster, and writes the source and
 target ids of every pair this worker's replica got in one epoch, and its
-number of steps. Used by tests/test_multi_worker.py.
+number of steps. Used by tests/test_multi_worker.py, alone and after
+`multi_worker_fit.py` in the same worker process (`write_pairs_seen`).
 """
 
 import json
@@ -15,7 +16,6 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import tensorflow as tf  # noqa: E402
 
 from keras_transformer import data, text, training  # noqa: E402
 from keras_transformer.runs import translation  # noqa: E402
@@ -26,9 +26,7 @@ SETTINGS = {"seed": 3, "steps_per_epoch": None}
 BATCHING = dict(max_length=24, tokens_per_batch=256, batch_size=None, long_pairs="drop", batch_multiple=2)
 
 
-def main():
-    run_dir, out = sys.argv[1:]
-    strategy = training.make_strategy("multi-worker", cluster_timeout=120)
+def write_pairs_seen(strategy, run_dir, out):
     source_tokenizer = text.WordPieceTokenizer.learn([source for source, _ in PAIRS], vocab_size=200)
     target_tokenizer = text.WordPieceTokenizer.learn([target for _, target in PAIRS], vocab_size=200)
     split = data.Split(data.PairsInMemory(tuple(PAIRS)))
@@ -45,6 +43,11 @@ def main():
                 seen.append([[int(i) for i in source_ids if i], [int(i) for i in label_ids if i]])
     with open(out, "w") as file:
         json.dump({"pairs": seen, "steps": steps, "shards_read_from": shards.directory}, file)
+
+
+def main():
+    run_dir, out = sys.argv[1:]
+    write_pairs_seen(training.make_strategy("multi-worker", cluster_timeout=120), run_dir, out)
 
 
 if __name__ == "__main__":

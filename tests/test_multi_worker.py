@@ -52,22 +52,34 @@ def run_workers(commands, environments, timeout=420):
     return results
 
 
-@pytest.mark.slow
-def test_two_workers_train_as_one_process_on_the_same_global_batches(tmp_path):
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory):
+    """The fixed training run alone, then on two workers that next write the pairs their batches held.
+
+    One cluster start for two checks (each worker process costs seconds of
+    TensorFlow's start); returns the folder with `alone.npz`, `worker{0,1}.npz`,
+    `worker{0,1}.json` and the shards' `run`.
+    """
+    folder = tmp_path_factory.mktemp("two-workers")
     script = HERE / "multi_worker_fit.py"
-    alone = subprocess.run([sys.executable, script, tmp_path / "alone.npz"], env=ENV, capture_output=True,
+    alone = subprocess.run([sys.executable, script, folder / "alone.npz"], env=ENV, capture_output=True,
                            text=True, timeout=300)
     assert alone.returncode == 0, alone.stderr[-3000:]
-    environments = cluster_environments(2, tmp_path)
     results = run_workers(
-        [[sys.executable, script, tmp_path / f"worker{index}.npz", "--strategy", "multi-worker"] for index in (0, 1)],
-        environments,
+        [[sys.executable, script, folder / f"worker{index}.npz", "--strategy", "multi-worker",
+          "--shards", folder / "run", folder / f"worker{index}.json"] for index in (0, 1)],
+        cluster_environments(2, folder),
     )
     for result in results:
         assert result.returncode == 0, result.stderr[-3000:]
-    expected = np.load(tmp_path / "alone.npz")
+    return folder
+
+
+@pytest.mark.slow
+def test_two_workers_train_as_one_process_on_the_same_global_batches(two_workers):
+    expected = np.load(two_workers / "alone.npz")
     for index in (0, 1):
-        trained = np.load(tmp_path / f"worker{index}.npz")
+        trained = np.load(two_workers / f"worker{index}.npz")
         assert_same_weights({name: trained[name] for name in trained.files if name != "history"},
                             {name: expected[name] for name in expected.files if name != "history"})
         # The logs are those of the global batches: the loss and accuracy one process reports.
@@ -77,15 +89,9 @@ def test_two_workers_train_as_one_process_on_the_same_global_batches(tmp_path):
 
 
 @pytest.mark.slow
-def test_each_worker_reads_its_own_shards_and_an_epoch_sees_every_pair_once(tmp_path):
-    script, run = HERE / "multi_worker_shards.py", tmp_path / "run"
-    results = run_workers(
-        [[sys.executable, script, run, tmp_path / f"worker{index}.json"] for index in (0, 1)],
-        cluster_environments(2, tmp_path),
-    )
-    for result in results:
-        assert result.returncode == 0, result.stderr[-3000:]
-    seen = [json.loads((tmp_path / f"worker{index}.json").read_text()) for index in (0, 1)]
+def test_each_worker_reads_its_own_shards_and_an_epoch_sees_every_pair_once(two_workers, tmp_path):
+    run = two_workers / "run"
+    seen = [json.loads((two_workers / f"worker{index}.json").read_text()) for index in (0, 1)]
     assert seen[0]["steps"] == seen[1]["steps"] > 0, "every worker takes as many steps"
     from keras_transformer.data import TokenShards
 
@@ -105,7 +111,7 @@ def test_each_worker_reads_its_own_shards_and_an_epoch_sees_every_pair_once(tmp_
     # The chief tokenised into the run directory; on the next start every worker reads those shards
     # (on the first, the other worker may have tokenised into its private copy before they were there).
     again = run_workers(
-        [[sys.executable, script, run, tmp_path / f"again{index}.json"] for index in (0, 1)],
+        [[sys.executable, HERE / "multi_worker_shards.py", run, tmp_path / f"again{index}.json"] for index in (0, 1)],
         cluster_environments(2, tmp_path / "again"),
     )
     for result in again:
@@ -121,7 +127,7 @@ def test_a_worker_whose_cluster_never_comes_gives_up_with_one_line(tmp_path):
     started = time.time()
     result = run_workers(
         [[Path(sys.executable).with_name("keras-transformer"), "train", "--dataset", "demo", "--out",
-          tmp_path / "run", "--strategy", "multi-worker", "--cluster-timeout", 10, "--epochs", 1]],
+          tmp_path / "run", "--strategy", "multi-worker", "--cluster-timeout", 3, "--epochs", 1]],
         [environment], timeout=120,
     )[0]
     # Killed by its watchdog (TensorFlow waits holding the interpreter lock).
@@ -147,7 +153,10 @@ def wait_for_backup(run, processes, condition, timeout=300):
         if state and condition(state):
             return state
         time.sleep(0.1)
-    raise AssertionError(processes[0].communicate()[1][-3000:])
+    for process in processes:
+        process.kill()
+    raise AssertionError("\n".join(f"worker {index}, status {process.wait()}: " + process.communicate()[1][-2000:]
+                                   for index, process in enumerate(processes)))
 
 
 def worker_training(run, epochs, *extra):

@@ -16,6 +16,7 @@ under it with `fit` (see `keras_transformer.models.multi_worker`).
 import functools
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -130,17 +131,37 @@ def local_cluster(num_workers):
 
     To try multi-worker training on one machine: run the same command in
     `num_workers` processes, the i-th with `TF_CONFIG=local_cluster(n)[i]`.
+
+    The ports lie below the system's ephemeral range, from which outgoing
+    connections take their local ports: a worker binds its port seconds
+    later (after TensorFlow's start), and an ephemeral port free now could be
+    some connection's by then.
     """
-    sockets = [socket.socket() for _ in range(num_workers)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))  # the system picks a free port
-    addresses = [f"127.0.0.1:{sock.getsockname()[1]}" for sock in sockets]
-    for sock in sockets:
-        sock.close()
+    lowest_ephemeral = _lowest_ephemeral_port()
+    chooser = random.SystemRandom()
+    addresses = []
+    while len(addresses) < num_workers:
+        port = chooser.randrange(10_000, lowest_ephemeral)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # someone's already
+                continue
+        if f"127.0.0.1:{port}" not in addresses:
+            addresses.append(f"127.0.0.1:{port}")
     return [
         json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}})
         for index in range(num_workers)
     ]
+
+
+def _lowest_ephemeral_port():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            lowest = int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        lowest = 32_768  # Linux's default, and IANA's dynamic range starts at 49152
+    return max(lowest, 11_000)  # room for a choice even where the range starts low
 
 
 @functools.lru_cache(maxsize=None)
