@@ -149,3 +149,28 @@ def trained_demo_run(tmp_path_factory):
 
     directory, stdout = built_once(tmp_path_factory, "demo", train)
     return Path(directory) / "demo", stdout
+
+
+@pytest.fixture(scope="session")
+def trained_language_model_run(tmp_path_factory):
+    """A tiny language model trained by `train-lm` on the demo corpus's English side, once per session.
+
+    A window of 24 tokens, two epochs, one prompt's attention for the Attention
+    tab. Shared by the command-line and export tests (read-only). Returns
+    `(run_directory, train_stdout)`.
+    """
+
+    def train(directory):
+        from helpers import TINY_MODEL, cli_here
+        from keras_transformer.data import demo_corpus
+
+        texts = directory / "texts.txt"
+        texts.write_text("\n".join(source for source, _ in demo_corpus()["train"][:3000]) + "\n", encoding="utf-8")
+        result = cli_here(
+            "train-lm", "--text", texts, "--out", directory / "lm", *TINY_MODEL, "--vocab-size", 300,
+            "--max-length", 24, "--batch-size", 16, "--epochs", 2, "--warmup-steps", 50, "--attention-samples", 1,
+        )
+        return result.stdout
+
+    directory, stdout = built_once(tmp_path_factory, "language-model", train)
+    return Path(directory) / "lm", stdout

@@ -139,18 +139,14 @@ def test_top_k_1_and_a_tiny_top_p_are_greedy_and_end_stops_a_text():
 
 
 @pytest.mark.slow
-def test_train_lm_generate_and_evaluate_on_the_command_line(tmp_path):
-    # The command through its entry function, in this process (the console script is tested in test_cli.py).
-    from helpers import TINY_MODEL, cli_here as cli
+def test_train_lm_generate_and_evaluate_on_the_command_line(trained_language_model_run, tmp_path):
+    # The commands through their entry function, in this process (the console script is tested in
+    # test_cli.py), on the suite's run that `train-lm` made (conftest.py).
+    from helpers import cli_here as cli
     from keras_transformer.training import choose_precision
-    from keras_transformer.data import demo_corpus
 
-    texts = tmp_path / "texts.txt"
-    texts.write_text("\n".join(source for source, _ in demo_corpus()["train"][:3000]) + "\n", encoding="utf-8")
-    run = tmp_path / "lm"
-    trained = cli("train-lm", "--text", texts, "--out", run, *TINY_MODEL, "--vocab-size", "300", "--max-length", "32",
-                  "--batch-size", "16", "--epochs", "2", "--warmup-steps", "50", "--attention-samples", "1")
-    assert "validation perplexity" in trained.stdout
+    run, trained = trained_language_model_run
+    assert "validation perplexity" in trained
     # The run records what precision "auto" (the default) chose, and why.
     settings = json.loads((run / "config.json").read_text())["training"]
     assert settings["precision"] == "auto"

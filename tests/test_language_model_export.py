@@ -1,8 +1,9 @@
 """The language model's SavedModel, served the way TensorFlow Serving would serve it.
 
-A tiny language model with a real WordPiece vocabulary is trained for a
-few steps, exported with `export_language_model`, and loaded in a fresh
-Python process that imports only `tensorflow` and `tensorflow_text`: with
+The suite's tiny language model run (`train-lm` on the demo corpus, a real
+WordPiece vocabulary; conftest.py) is exported with `export_language_model`
+and loaded in a fresh Python process that imports only `tensorflow` and
+`tensorflow_text`: with
 the same seed and settings it must write exactly what the in-process
 `Generator` writes, and a malformed request must be refused with an error
 naming the input while the process lives on.
@@ -13,16 +14,14 @@ import json
 import sys
 from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import keras_transformer as kt
 from helpers import EXPORT_OPS, assert_it_lived, run
-from keras_transformer.data import demo_corpus
 from keras_transformer.export import export_language_model, load_export
 from keras_transformer.inference import Generator
+from keras_transformer.runs.language_model import load_generator
 from keras_transformer.text import WordPieceTokenizer
 
 pytestmark = pytest.mark.tensorflow
@@ -107,18 +106,11 @@ malformed_requests.main(export_dir, 2, 100, report_path, loaded=loaded)
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """`(generator, export version)`: a tiny model trained a few steps on the demo's English side, exported."""
-    texts = [source for source, _ in demo_corpus()["train"][:1500]]
-    tokenizer = WordPieceTokenizer.learn(texts, vocab_size=300)
-    keras.utils.set_random_seed(0)
-    model = kt.models.LanguageModel(vocab_size=tokenizer.vocab_size, num_layers=1, d_model=32, num_heads=2, d_ff=64,
-                                    max_length=MAX_LENGTH, dropout=0.0)
-    windows = tokenizer.tokenize(texts).flat_values.numpy()
-    windows = windows[: len(windows) // (MAX_LENGTH + 1) * (MAX_LENGTH + 1)].reshape(-1, MAX_LENGTH + 1)
-    model.compile(optimizer=keras.optimizers.Adam(3e-3), loss=kt.training.MaskedSparseCrossEntropy(0.0))
-    model.fit(windows[:, :-1], windows[:, 1:], batch_size=32, epochs=2, verbose=0)
-    generator = Generator(model, tokenizer, temperature=0.9, top_p=0.95, max_new_tokens=8)
+def exported(trained_language_model_run, tmp_path_factory):
+    """`(generator, export version)`: the suite's language model run with sampling settings of its own, exported."""
+    run_dir, _ = trained_language_model_run
+    generator = load_generator(run_dir, temperature=0.9, top_p=0.95, max_new_tokens=8)
+    assert generator.model.max_length == MAX_LENGTH
     base = tmp_path_factory.mktemp("exports") / "lm"
     return generator, export_language_model(generator, str(base))
 
