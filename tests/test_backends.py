@@ -93,6 +93,7 @@ def test_the_same_weights_give_the_same_outputs_on_every_backend(reference, back
             np.testing.assert_allclose(found[name], found[name.replace("cached_logits", "logits")], atol=1e-4)
 
 
+@pytest.mark.slow  # a process on another backend
 @pytest.mark.skipif(not OTHER_BACKENDS, reason="no other Keras backend installed")
 def test_tensorflow_only_parts_say_so_in_one_line_on_another_backend(tmp_path):
     backend = OTHER_BACKENDS[0]

@@ -53,6 +53,7 @@ def sentences(count, seed=1):
     return texts + ["", " ".join(WORDS[:30])]  # nothing to translate; longer than max_length: cut as ours
 
 
+@pytest.mark.slow  # another runtime: a conversion and its model loaded per architecture
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
 def test_the_converted_model_scores_and_translates_text_as_ours(architecture, tmp_path):
     target_words = WORDS if ARCHITECTURES[architecture].get("share_embeddings") else [f"v{i}" for i in range(40)]

@@ -58,6 +58,7 @@ def logged_run(tmp_path_factory):
     return log_dir, logger
 
 
+@pytest.mark.slow  # fit, a translation per sample and twelve heatmaps drawn
 def test_the_callback_writes_labelled_heatmaps_texts_and_bleu(logged_run):
     log_dir, logger = logged_run
     summaries = event_summaries(log_dir)

@@ -233,6 +233,7 @@ def test_mixed_bfloat16_forward_is_finite_and_close(batch):
     assert all(np.all(np.isfinite(ops.convert_to_numpy(ops.cast(s, "float32")))) for s in scores.values())
 
 
+@pytest.mark.slow  # fit traced for two replicas
 @pytest.mark.tensorflow
 def test_one_fit_step_under_mirrored_strategy(batch, mirrored_strategy):
     strategy = mirrored_strategy
