@@ -7,6 +7,7 @@ talking gRPC to the others on free local ports.
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -50,6 +51,22 @@ def run_workers(commands, environments, timeout=420):
             raise
         results.append(subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr))
     return results
+
+
+def test_a_local_cluster_gets_free_ports_no_outgoing_connection_can_take_first():
+    # A worker binds its port seconds after `local_cluster` chose it: a port from the ephemeral
+    # range (outgoing connections' local ports) could be taken by then.
+    lowest_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(20):
+        configs = [json.loads(config) for config in local_cluster(3)]
+        assert [config["task"] for config in configs] == [{"type": "worker", "index": index} for index in range(3)]
+        addresses = configs[0]["cluster"]["worker"]
+        assert all(config["cluster"]["worker"] == addresses for config in configs)
+        ports = [int(address.removeprefix("127.0.0.1:")) for address in addresses]
+        assert len(set(ports)) == 3 and all(port < lowest_ephemeral for port in ports), ports
+        for port in ports:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", port))  # free
 
 
 @pytest.fixture(scope="module")

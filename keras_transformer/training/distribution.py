@@ -160,7 +160,7 @@ def _lowest_ephemeral_port():
         with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
             lowest = int(ports.read().split()[0])
     except (OSError, ValueError, IndexError):
-        lowest = 32_768  # Linux's default, and IANA's dynamic range starts at 49152
+        lowest = 32_768  # Linux's default
     return max(lowest, 11_000)  # room for a choice even where the range starts low
 
 
