@@ -16,7 +16,6 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-
 from keras_transformer import data, text, training  # noqa: E402
 from keras_transformer.runs import translation  # noqa: E402
 from keras_transformer.runs.run_dir import written_by_this_process  # noqa: E402
