@@ -7,50 +7,57 @@
 import contextlib
 import json
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 
-def free_port():
-    """A port of 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextlib.contextmanager
-def serve(log_dir, timeout=120):
-    """Run `tensorboard --logdir log_dir` on a free port of 127.0.0.1; yields its URL, then stops it by its pid.
+def serve(log_dir, timeout=120, ready=None):
+    """Run `tensorboard --logdir log_dir` on 127.0.0.1; yields its URL, then stops it by its pid.
 
-    Yields once TensorBoard lists the Attention tab as enabled (it has read
-    attention summaries); a TimeoutError after `timeout` seconds otherwise.
+    TensorBoard binds a port the system picks (`--port 0`) and names it in its
+    start-up line: choosing a free port first and handing it over would leave a
+    moment in which another process could take it. Yields once `ready(url)`
+    holds (by default: the Attention tab is enabled, so attention summaries were
+    read); a TimeoutError after `timeout` seconds otherwise.
     """
-    port = free_port()
-    server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "tensorboard"), "--logdir", str(log_dir), "--host", "127.0.0.1",
-         "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + timeout
-        while not _attention_enabled(url):
-            if time.time() > deadline or server.poll() is not None:
-                raise TimeoutError(f"TensorBoard on {log_dir} did not show the Attention tab within {timeout} s")
-            time.sleep(0.5)
-        yield url
-    finally:
-        os.kill(server.pid, signal.SIGTERM)
+    ready = ready or _attention_enabled
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as log:
+        server = subprocess.Popen(
+            [str(Path(sys.executable).parent / "tensorboard"), "--logdir", str(log_dir), "--host", "127.0.0.1",
+             "--port", "0"],
+            stdout=subprocess.DEVNULL, stderr=log,
+        )
         try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+            deadline = time.time() + timeout
+            url = None
+            while url is None or not ready(url):
+                if time.time() > deadline or server.poll() is not None:
+                    raise TimeoutError(f"TensorBoard on {log_dir} was not ready within {timeout} s")
+                time.sleep(0.5)
+                if url is None:
+                    log.seek(0)
+                    url = _serving_url(log.read())
+            yield url
+        finally:
+            os.kill(server.pid, signal.SIGTERM)
+            try:
+                server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+
+
+def _serving_url(start_up_output):
+    """The URL in TensorBoard's "TensorBoard 2.x at http://127.0.0.1:PORT/ (Press CTRL+C to quit)", or None."""
+    found = re.search(r"TensorBoard \S+ at (http://127\.0\.0\.1:\d+)", start_up_output)
+    return found.group(1) if found else None
 
 
 def _attention_enabled(url):
