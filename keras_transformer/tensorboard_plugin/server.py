@@ -25,7 +25,8 @@ def serve(log_dir, timeout=120, ready=None):
     start-up line: choosing a free port first and handing it over would leave a
     moment in which another process could take it. Yields once `ready(url)`
     holds (by default: the Attention tab is enabled, so attention summaries were
-    read); a TimeoutError after `timeout` seconds otherwise.
+    read). A RuntimeError with its last line of output if it exits first; a
+    TimeoutError after `timeout` seconds.
     """
     ready = ready or _attention_enabled
     with tempfile.TemporaryFile("w+", encoding="utf-8") as log:
@@ -38,7 +39,11 @@ def serve(log_dir, timeout=120, ready=None):
             deadline = time.time() + timeout
             url = None
             while url is None or not ready(url):
-                if time.time() > deadline or server.poll() is not None:
+                if server.poll() is not None:
+                    log.seek(0)
+                    last_line = (log.read().strip().splitlines() or ["no output"])[-1]
+                    raise RuntimeError(f"TensorBoard on {log_dir} exited with status {server.returncode}: {last_line}")
+                if time.time() > deadline:
                     raise TimeoutError(f"TensorBoard on {log_dir} was not ready within {timeout} s")
                 time.sleep(0.5)
                 if url is None:
