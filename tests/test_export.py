@@ -122,7 +122,9 @@ def load_example(name):
 
 
 # Session scope: under xdist a module's fixtures are rebuilt whenever the
-# process comes back to the module; these are too costly for that.
+# process comes back to the module; these are too costly for that. The tests
+# below build them in turn (the export with the first, the fresh process with
+# the fourth), so that no one test's setup pays for all of them.
 @pytest.fixture(scope="session")
 def export_base(trained_demo_run, tmp_path_factory):
     run_dir, _ = trained_demo_run
@@ -167,41 +169,6 @@ def served(export_base, in_process, tmp_path_factory):
                   Path(__file__).parent], check=False)
     assert_it_lived(result)
     return np.load(out, allow_pickle=True), json.loads(report.read_text())  # byte strings come as object arrays
-
-
-@pytest.mark.slow
-def test_a_fresh_process_with_only_tensorflow_serves_the_same_translations(served, in_process):
-    translator, expected, expected_attention = in_process
-    served, _ = served
-
-    assert list(served["modules"]) == [], "the fresh process must not need keras_transformer"
-    assert list(served["unregistered"]) == [], "ops that TensorFlow + tensorflow-text do not register"
-    assert not {"PyFunc", "EagerPyFunc", "PyFuncStateless"} & set(served["op_types"])
-    assert {"FastWordpieceTokenizeWithOffsets", "While"} <= set(served["op_types"])
-    assert set(served["signature_names"]) == {"serving_default", "translate_with_attention", "score_tokens"}
-
-    np.testing.assert_array_equal(served["translation"], expected["translation"].numpy())
-    np.testing.assert_allclose(served["score"], expected["score"].numpy(), atol=1e-5)
-    translations = [text.decode() for text in served["translation"]]
-    assert translations[2] == "" and all(translations[i] for i in (0, 1, 3, 4, 5))
-    assert len(set(translations)) >= 3, "a model that says the same thing to everything proves little"
-    assert list(served["empty_shapes"]) == [0, 0]
-
-    np.testing.assert_array_equal(served["attention_translation"], expected["translation"].numpy())
-    for name in ("source_tokens", "target_tokens"):
-        np.testing.assert_array_equal(served[name], expected_attention[name].numpy())
-    np.testing.assert_allclose(served["cross_attention"], expected_attention["cross_attention"].numpy(), atol=1e-6)
-    model = translator.model
-    batch, layers, heads, target_length, source_length = served["cross_attention"].shape
-    assert (batch, layers, heads) == (len(SENTENCES), model.num_layers, model.num_heads)
-    assert (target_length, source_length) == (served["target_tokens"].shape[1], served["source_tokens"].shape[1])
-    # The over-long sentence was cut to max_length and still ends with [END].
-    long_source = [token for token in served["source_tokens"][4] if token]
-    assert len(long_source) == model.max_length and long_source[-1] == b"[END]"
-
-    expected_logits = model((served["source_ids"], served["target_ids"]), training=False).numpy()
-    np.testing.assert_allclose(served["logits"], expected_logits, atol=1e-5)
-    np.testing.assert_allclose(served["keras_logits"], expected_logits, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -260,6 +227,41 @@ def test_the_grpc_client_builds_requests_and_reads_responses_of_the_export(expor
     assert first["cross_attention"].shape[2:] == (len(first["target_tokens"]), len(first["source_tokens"]))
     # Each row is a distribution (the demo model computes in bfloat16).
     np.testing.assert_allclose(first["cross_attention"].sum(axis=-1), 1.0, atol=5e-3)
+
+
+@pytest.mark.slow
+def test_a_fresh_process_with_only_tensorflow_serves_the_same_translations(served, in_process):
+    translator, expected, expected_attention = in_process
+    served, _ = served
+
+    assert list(served["modules"]) == [], "the fresh process must not need keras_transformer"
+    assert list(served["unregistered"]) == [], "ops that TensorFlow + tensorflow-text do not register"
+    assert not {"PyFunc", "EagerPyFunc", "PyFuncStateless"} & set(served["op_types"])
+    assert {"FastWordpieceTokenizeWithOffsets", "While"} <= set(served["op_types"])
+    assert set(served["signature_names"]) == {"serving_default", "translate_with_attention", "score_tokens"}
+
+    np.testing.assert_array_equal(served["translation"], expected["translation"].numpy())
+    np.testing.assert_allclose(served["score"], expected["score"].numpy(), atol=1e-5)
+    translations = [text.decode() for text in served["translation"]]
+    assert translations[2] == "" and all(translations[i] for i in (0, 1, 3, 4, 5))
+    assert len(set(translations)) >= 3, "a model that says the same thing to everything proves little"
+    assert list(served["empty_shapes"]) == [0, 0]
+
+    np.testing.assert_array_equal(served["attention_translation"], expected["translation"].numpy())
+    for name in ("source_tokens", "target_tokens"):
+        np.testing.assert_array_equal(served[name], expected_attention[name].numpy())
+    np.testing.assert_allclose(served["cross_attention"], expected_attention["cross_attention"].numpy(), atol=1e-6)
+    model = translator.model
+    batch, layers, heads, target_length, source_length = served["cross_attention"].shape
+    assert (batch, layers, heads) == (len(SENTENCES), model.num_layers, model.num_heads)
+    assert (target_length, source_length) == (served["target_tokens"].shape[1], served["source_tokens"].shape[1])
+    # The over-long sentence was cut to max_length and still ends with [END].
+    long_source = [token for token in served["source_tokens"][4] if token]
+    assert len(long_source) == model.max_length and long_source[-1] == b"[END]"
+
+    expected_logits = model((served["source_ids"], served["target_ids"]), training=False).numpy()
+    np.testing.assert_allclose(served["logits"], expected_logits, atol=1e-5)
+    np.testing.assert_allclose(served["keras_logits"], expected_logits, atol=1e-5)
 
 
 def test_the_rest_client_body_and_response():
