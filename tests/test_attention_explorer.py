@@ -234,11 +234,11 @@ def assert_drawn(screenshot):
 def test_plot_attention_html_is_one_file_that_works_offline(trained_demo_run, tmp_path):
     from playwright.sync_api import sync_playwright
 
-    from helpers import cli
+    from helpers import cli_here  # in this process: the page is under test, not the console script
 
     run, _ = trained_demo_run
     html = tmp_path / "attention.html"
-    result = cli("plot-attention", run, "Der Hund sieht die Katze.", "--html", html)
+    result = cli_here("plot-attention", run, "Der Hund sieht die Katze.", "--html", html)
     assert f"attention: {html}" in result.stdout
     with sync_playwright() as playwright:
         chromium = browser(playwright)
