@@ -38,7 +38,7 @@ class TorchTranslator(nn.Module):
         return self.dropout(embedding(ids) * self.scale + self.positions[: ids.shape[1]])
 
     def forward(self, source_ids, target_ids):
-        causal = nn.Transformer.generate_square_subsequent_mask(target_ids.shape[1])
+        causal = nn.Transformer.generate_square_subsequent_mask(target_ids.shape[1], device=target_ids.device)
         hidden = self.transformer(
             self.embed(self.source_embedding, source_ids),
             self.embed(self.target_embedding, target_ids),
