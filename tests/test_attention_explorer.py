@@ -1,6 +1,6 @@
 """The attention explorer: TensorBoard's Attention tab and its HTML file, in a real server and a real browser.
 
-A tiny translator, a tiny classifier and a tiny language model train two
+A tiny translator, a tiny classifier and a tiny language model log two
 epochs with their attention loggers; a `tensorboard` process serves the logs; Debian's
 Chromium, driven by Playwright (pointed at the system browser: nothing is
 downloaded), opens the tab, picks a layer and a head, points at a source
@@ -15,6 +15,7 @@ import urllib.request
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_transformer as kt
 from keras_transformer.tensorboard_loggers import (
@@ -32,9 +33,29 @@ LAYERS, HEADS, EPOCHS = 2, 2, 2
 TEXTS = ["a good film", "a bad film", "good", "bad and long film", "not good"] * 4
 
 
+def log_epochs(logger, model, inputs, targets, loss, **log_options):
+    """What `fit(..., callbacks=[logger])` logs over EPOCHS epochs, without tracing a training step.
+
+    The tab shows the loggers' summaries, not what a model learned: one eager SGD step between
+    epochs is enough for each epoch's maps to differ, at a fraction of what three traced `fit`s cost
+    (the loggers under `fit` are test_tensorboard.py's, test_language_model.py's and
+    test_classifier_run.py's). `log(step)` is what each logger's `on_epoch_end` calls.
+    """
+    optimizer = keras.optimizers.SGD(0.5)
+    model(inputs)  # built, as `fit` builds it before the first epoch ends
+    logger.set_model(model)
+    for epoch in range(1, EPOCHS + 1):
+        if epoch > 1:
+            with tf.GradientTape() as tape:
+                value = loss(targets, model(inputs, training=True))
+            optimizer.apply(tape.gradient(value, model.trainable_variables), model.trainable_variables)
+        logger.log(step=epoch, **log_options)
+
+
 @pytest.fixture(scope="module")
 def log_dir(tmp_path_factory):
-    """Two epochs of attention summaries: a translator's (run "samples") and a classifier's (run "classifier")."""
+    """Two epochs of attention summaries: a translator's (run "samples"), a classifier's ("classifier") and a
+    language model's ("language_model")."""
     keras.utils.set_random_seed(0)
     logs = tmp_path_factory.mktemp("logs")
     source = WordPieceTokenizer.learn([s for s, _ in PAIRS], vocab_size=60)
@@ -42,14 +63,12 @@ def log_dir(tmp_path_factory):
     translator = kt.models.Transformer(
         source.vocab_size, target.vocab_size, num_layers=LAYERS, d_model=16, num_heads=HEADS, d_ff=32, max_length=16
     )
-    # Plain SGD: the tab shows the loggers' summaries, not what the models learned; Adam's slots
-    # triple the traced step of each of the three fits.
-    translator.compile(optimizer="sgd", loss=kt.training.MaskedSparseCrossEntropy(0.1))
     source_ids = source.tokenize([s for s, _ in PAIRS]).to_tensor()
     target_ids = target.tokenize([t for _, t in PAIRS]).to_tensor()
-    logger = AttentionMapLogger(PAIRS[:2], str(logs / "samples"), source, target)
-    translator.fit((source_ids, target_ids[:, :-1]), target_ids[:, 1:], epochs=EPOCHS, batch_size=8, verbose=0,
-                   callbacks=[logger])
+    # No heatmap images: drawing them is test_tensorboard.py's.
+    log_epochs(AttentionMapLogger(PAIRS[:2], str(logs / "samples"), source, target), translator,
+               (source_ids, target_ids[:, :-1]), target_ids[:, 1:], kt.training.MaskedSparseCrossEntropy(0.1),
+               images=False)
 
     words = WordPieceTokenizer.learn(TEXTS, vocab_size=40, reserved_tokens=kt.text.CLASSIFIER_TOKENS)
     ids = words.tokenize_with_cls(TEXTS, 8).numpy()
@@ -58,19 +77,15 @@ def log_dir(tmp_path_factory):
         vocab_size=words.vocab_size, num_classes=2, num_layers=LAYERS, d_model=16, num_heads=HEADS, d_ff=32,
         max_length=8,
     )
-    classifier.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     watcher = ClassifierAttentionLogger(ids[:2], TEXTS[:2], labels[:2], words, str(logs / "classifier"),
                                         class_names=["negative", "positive"])
-    # 20 texts in batches of 10: no smaller last batch to trace a second step for.
-    classifier.fit(ids, labels, epochs=EPOCHS, batch_size=10, verbose=0, callbacks=[watcher])
+    log_epochs(watcher, classifier, ids, labels, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
     language_model = kt.models.LanguageModel(
         vocab_size=source.vocab_size, num_layers=LAYERS, d_model=16, num_heads=HEADS, d_ff=32, max_length=16
     )
-    language_model.compile(optimizer="sgd", loss=kt.training.MaskedSparseCrossEntropy(0.0))
     writer = LanguageModelAttentionLogger([PAIRS[0][0]], source, str(logs / "language_model"), max_new_tokens=5)
-    language_model.fit(source_ids[:, :-1], source_ids[:, 1:], epochs=EPOCHS, batch_size=8, verbose=0,
-                       callbacks=[writer])
+    log_epochs(writer, language_model, source_ids[:, :-1], source_ids[:, 1:], kt.training.MaskedSparseCrossEntropy(0.0))
     return logs
 
 

@@ -48,6 +48,10 @@ def test_a_classifier_learns_sentiment_words_and_logs_its_embeddings(tmp_path, c
     for name in ("model.keras", "checkpoints/best.weights.h5", "logs/embeddings/projector_config.pbtxt",
                  "logs/embeddings/metadata.tsv", "history.csv"):
         assert (run / name).exists(), name
+    # Under fit, the Attention tab's logger wrote each epoch's [CLS] row (the tab itself: test_attention_explorer.py).
+    logged = {(value.tag, event.step) for path in (run / "logs" / "samples").glob("events.out.tfevents.*")
+              for event in tf.compat.v1.train.summary_iterator(str(path)) for value in event.summary.value}
+    assert {("attention/sample_0/cls/layer_0", epoch) for epoch in (1, 2, 3)} <= logged, sorted(logged)[:5]
     check_the_classifier_commands(run, tmp_path, capsys)
 
 

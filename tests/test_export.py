@@ -36,6 +36,9 @@ SENTENCES = [
     b"The \xff\xfe dog sleeps.",  # not UTF-8: replaced, not fatal
 ]
 
+# The serving client's gRPC request (examples/serving_client.py), answered in the fresh process.
+GRPC_TEXTS = SENTENCES[:2]
+
 # Runs in a fresh interpreter: no keras_transformer, no Keras model classes.
 FRESH_PROCESS = r"""
 import base64, json, sys
@@ -43,7 +46,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  registers the WordPiece ops, as tensorflow_model_server does
 
-export_dir, keras_export_dir, sentences_json, out_path, report_path, tests_dir = sys.argv[1:7]
+export_dir, keras_export_dir, sentences_json, grpc_json, out_path, report_path, tests_dir = sys.argv[1:8]
 texts = tf.constant([base64.b64decode(text) for text in json.loads(sentences_json)], tf.string)
 
 """ + EXPORT_OPS + r"""
@@ -57,6 +60,12 @@ target_ids = np.array([[2, 30, 31, 32], [2, 33, 0, 0]], np.int32)
 logits = loaded.signatures["score_tokens"](source_ids=source_ids, target_ids=target_ids)["logits"]
 keras_export = tf.saved_model.load(keras_export_dir)
 keras_logits = keras_export.serve((source_ids, target_ids))
+# The serving client's gRPC request, answered as the model server answers it: its TensorProtos in.
+from tensorflow.core.framework import tensor_pb2  # noqa: E402  (TensorFlow's own protos)
+grpc = json.loads(grpc_json)
+grpc_inputs = {name: tf.make_ndarray(tensor_pb2.TensorProto.FromString(base64.b64decode(proto)))
+               for name, proto in grpc["inputs"].items()}
+grpc_outputs = loaded.signatures[grpc["signature"]](**grpc_inputs)
 
 np.savez(
     out_path,
@@ -67,6 +76,7 @@ np.savez(
     empty_shapes=np.array([empty["translation"].shape[0], empty["score"].shape[0]]),
     logits=logits.numpy(), keras_logits=np.asarray(keras_logits),
     source_ids=source_ids, target_ids=target_ids,
+    **{f"grpc_{name}": value.numpy() for name, value in grpc_outputs.items()},
     **export_facts(),
 )
 
@@ -148,8 +158,8 @@ def served(export_base, in_process, tmp_path_factory):
     """One fresh process on the export, importing only TensorFlow and tensorflow-text, as a server does.
 
     It answers the test sentences (and Keras' own export of the bare model its
-    ids), then takes the malformed-request fuzz of `malformed_requests.py`.
-    Returns its answers (`.npz`) and the fuzz's report.
+    ids, and the serving client's gRPC request), then takes the malformed-request
+    fuzz of `malformed_requests.py`. Returns its answers (`.npz`) and the fuzz's report.
     """
     translator, _, _ = in_process
     directory = tmp_path_factory.mktemp("served")
@@ -164,8 +174,11 @@ def served(export_base, in_process, tmp_path_factory):
     encoded = json.dumps(
         [base64.b64encode(text if isinstance(text, bytes) else text.encode()).decode() for text in SENTENCES]
     )
+    request = load_example("serving_client").build_predict_request(GRPC_TEXTS, signature_name="translate_with_attention")
+    grpc = json.dumps({"signature": request.model_spec.signature_name, "inputs": {
+        name: base64.b64encode(proto.SerializeToString()).decode() for name, proto in request.inputs.items()}})
     out, report = directory / "served.npz", directory / "report.json"
-    result = run([sys.executable, "-c", FRESH_PROCESS, export_base / "1", keras_export, encoded, out, report,
+    result = run([sys.executable, "-c", FRESH_PROCESS, export_base / "1", keras_export, encoded, grpc, out, report,
                   Path(__file__).parent], check=False)
     assert_it_lived(result)
     return np.load(out, allow_pickle=True), json.loads(report.read_text())  # byte strings come as object arrays
@@ -203,22 +216,21 @@ def test_the_cli_translates_through_the_export(export_base, in_process, trained_
 
 
 @pytest.mark.slow
-def test_the_grpc_client_builds_requests_and_reads_responses_of_the_export(export_base, in_process):
-    """The client's request, answered by the export the way the model server would answer it."""
+def test_the_grpc_client_builds_requests_and_reads_responses_of_the_export(served, in_process):
+    """The client's request, answered by the export the way the model server would answer it (in `served`)."""
     from tensorflow_serving.apis import predict_pb2
 
     client = load_example("serving_client")
     _, _, expected = in_process
-    texts = ["The dog sees the cat.", "A woman sleeps."]
-    request = client.build_predict_request(texts, signature_name="translate_with_attention")
+    request = client.build_predict_request(GRPC_TEXTS, signature_name="translate_with_attention")
     assert request.model_spec.name == "translator"
     assert request.inputs["text"].dtype == tf.string.as_datatype_enum
 
-    signature = tf.saved_model.load(str(export_base / "1")).signatures[request.model_spec.signature_name]
-    outputs = signature(**{name: tf.make_ndarray(proto) for name, proto in request.inputs.items()})
+    answers, _ = served
     response = predict_pb2.PredictResponse()
-    for name, value in outputs.items():
-        response.outputs[name].CopyFrom(tf.make_tensor_proto(value.numpy()))
+    for key in answers.files:  # every output of the signature, as the server sends them
+        if key.startswith("grpc_"):
+            response.outputs[key.removeprefix("grpc_")].CopyFrom(tf.make_tensor_proto(answers[key]))
     results = client.parse_predict_response(response)
 
     assert [result["translation"] for result in results] == [t.decode() for t in expected["translation"].numpy()[:2]]
