@@ -11,7 +11,7 @@ three do the same number of steps, which is what a speed comparison needs.
 Each measurement runs in its own process, one at a time, with `--threads` intra-op threads:
 1. import-hf of the checkpoint: seconds and peak resident memory against the weights' size;
 2. our export (the SavedModel a server loads), greedy and beam 4: sentences per second;
-3. Hugging Face's `generate` (PyTorch, float32), greedy and beam 4;
+3. Hugging Face's `generate` (PyTorch, float32; `--hf-dtype bfloat16` for the reference row), greedy and beam 4;
 4. CTranslate2 (its own converter on the same checkpoint, float32), greedy and beam 4.
 Rounds alternate (ours, theirs, ours, theirs) so that drift on a shared machine hits both; the
 best round of each is reported, and the ratio within a round. Prints a JSON summary.
@@ -45,9 +45,10 @@ for name in ("source.spm", "target.spm", "vocab.json", "tokenizer_config.json"):
 HF_GENERATE = r"""
 import json, sys, time, torch, transformers
 checkpoint, sentences_path, batch_size, threads, beams = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+dtype = getattr(torch, sys.argv[6])
 torch.set_num_threads(threads)
 sentences = json.load(open(sentences_path))
-model = transformers.MarianMTModel.from_pretrained(checkpoint, dtype=torch.float32).eval()
+model = transformers.MarianMTModel.from_pretrained(checkpoint, dtype=dtype).eval()
 tokenizer = transformers.MarianTokenizer.from_pretrained(checkpoint)
 def run():
     for start in range(0, len(sentences), batch_size):
@@ -122,6 +123,8 @@ def main():
     parser.add_argument("--max-length", type=int, default=48, help="generate's max_length (the start token counts)")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--hf-dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="Hugging Face's weights and arithmetic (ours stay float32: bfloat16 is a reference row)")
     parser.add_argument("--work", default=None, help="where the checkpoint, run and exports go (default: a temp dir); "
                         "a checkpoint, exports and CTranslate2 model already there are reused")
     arguments = parser.parse_args()
@@ -136,7 +139,7 @@ def main():
         subprocess.run([arguments.hf_python, "-c", MAKE_CHECKPOINT, os.path.join(DATA, "opus-mt-en-mg"), checkpoint,
                         str(arguments.max_length)], check=True, capture_output=True)
     weights_mib = os.path.getsize(os.path.join(checkpoint, "model.safetensors")) / 2**20
-    summary = {"threads": arguments.threads, "sentences": len(sentences), "batch_size": arguments.batch_size,
+    summary = {"hf_dtype": arguments.hf_dtype, "threads": arguments.threads, "sentences": len(sentences), "batch_size": arguments.batch_size,
                "max_length": arguments.max_length, "weights_mib": round(weights_mib)}
     if os.path.exists(run_dir):
         subprocess.run(["rm", "-rf", run_dir], check=True)
@@ -156,7 +159,8 @@ def main():
         rounds = []
         for _ in range(arguments.rounds):
             ours = run_json([sys.executable, "-c", OURS, exports, *common, beams, arguments.threads])
-            theirs = run_json([arguments.hf_python, "-c", HF_GENERATE, checkpoint, *common, arguments.threads, beams])
+            theirs = run_json([arguments.hf_python, "-c", HF_GENERATE, checkpoint, *common, arguments.threads, beams,
+                               arguments.hf_dtype])
             rounds.append({"ours": ours["sentences_per_second"], "hf": theirs["sentences_per_second"],
                            "ratio": ours["sentences_per_second"] / theirs["sentences_per_second"]})
         ct2 = run_json([arguments.hf_python, "-c", CT2, ct2_dir, checkpoint, *common, arguments.threads, beams,
