@@ -453,7 +453,7 @@ def test_the_export_of_an_imported_run_serves_the_same_translations_in_a_fresh_p
     want, _ = expected("marian-shared-swish")
     sentences = want["sources"][:6] + ["", NON_ASCII]
     cli_here("export", imported_run, tmp_path / "export")
-    in_process = [beam_translations.get(sentence, "") for sentence in sentences]  # "" in, "" out
+    in_process = [beam_translations[sentence] if sentence else "" for sentence in sentences]  # "" in, "" out
     report = tmp_path / "report.json"
     request = {"signature": "serving_default", "inputs": {"text": sentences}}
     result = run([sys.executable, "-c", FRESH_PROCESS, tmp_path / "export" / "1", json.dumps(request), report,

@@ -40,7 +40,7 @@ def event_summaries(directory):
 
 @pytest.fixture(scope="module")
 def logged_run(tmp_path_factory):
-    """A tiny translation model fitted for one epoch with the AttentionMapLogger."""
+    """A tiny translation model fitted for two epochs with the AttentionMapLogger."""
     keras.utils.set_random_seed(0)
     source = WordPieceTokenizer.learn([s for s, _ in PAIRS], vocab_size=60)
     target = WordPieceTokenizer.learn([t for _, t in PAIRS], vocab_size=60)
@@ -53,7 +53,7 @@ def logged_run(tmp_path_factory):
     model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0))
     log_dir = tmp_path_factory.mktemp("logs")
     logger = AttentionMapLogger(PAIRS[:2], str(log_dir / "samples"), source, target, bleu_pairs=PAIRS[:4])
-    model.fit((source_ids, target_ids[:, :-1]), target_ids[:, 1:], epochs=1, batch_size=8, verbose=0, callbacks=[logger])
+    model.fit((source_ids, target_ids[:, :-1]), target_ids[:, 1:], epochs=2, batch_size=8, verbose=0, callbacks=[logger])
     return log_dir, logger
 
 
@@ -66,17 +66,19 @@ def test_the_callback_writes_labelled_heatmaps_texts_and_bleu(logged_run):
             for layer in range(LAYERS):
                 tag = f"sample_{sample}/{kind}/layer_{layer}"
                 assert tag in summaries, sorted(summaries)
-                ((step, tensor, plugin),) = summaries[tag]
-                assert step == 1 and plugin == "images"
+                ((step, tensor, plugin),) = summaries[tag]  # drawn once, at the end of training
+                assert step == 2 and plugin == "images"
                 # Image summaries hold width, height and the encoded PNG.
                 width, height, png = tf.make_ndarray(tensor)
                 image = tf.io.decode_png(png).numpy()
                 assert image.shape[:2] == (int(height), int(width)) and image.shape[0] > 100
                 assert image.std() > 0, "a blank image"
-        ((_, text, plugin),) = summaries[f"sample_{sample}/translation"]
+        # The Attention tab's weights and the translation, after every epoch.
+        assert [step for step, _, _ in summaries[f"attention/sample_{sample}/cross/layer_0"]] == [1, 2]
+        ((_, _, plugin), (_, text, _)) = summaries[f"sample_{sample}/translation"]
         assert plugin == "text" and PAIRS[sample][0].encode() in tf.make_ndarray(text).item()
-    ((_, bleu, _),) = summaries["val_bleu"]
-    assert 0.0 <= float(tf.make_ndarray(bleu)) <= 100.0
+    assert [step for step, _, _ in summaries["val_bleu"]] == [1, 2]
+    assert all(0.0 <= float(tf.make_ndarray(bleu)) <= 100.0 for _, bleu, _ in summaries["val_bleu"])
 
 
 def test_plot_attention_labels_the_axes_with_the_tokens():
