@@ -4,13 +4,13 @@ lower precision buys, and what it costs in identical outputs.
     python benchmarks/pretrained_bfloat16.py WORK/run   # the run pretrained_vs_hf.py imported under its --work
 
 Why: BENCHMARKS.md's pretrained rows are float32, Hugging Face's outputs to the last digit, and
-1.3x its `generate`, short of the 2x aimed at (docs/pretrained.md, "Not yet"). Each greedy step streams every decoder weight and the
-output projection from memory; bfloat16 halves those bytes. This measures how far that goes. The
-same `Translator` (the export's search) runs both models in one process, rounds alternating, on
-`--sentences` Multi30k validation sentences in batches of 32, `--threads` intra-op threads. Prints
-a JSON summary: sentences per second for each (the best round), the ratio within each round, and how
-many sentences got the very same tokens. On a CPU without native bfloat16 (no `avx512_bf16` or `amx_bf16` in /proc/cpuinfo)
-bfloat16 is emulated and slower.
+1.3x its `generate`, short of the 2x aimed at (docs/pretrained.md, "Not yet"). The step's matmuls
+are most of its time; a CPU with native bfloat16 runs them faster, on half the bytes. This measures
+how far that goes. The same `Translator` (the export's search) runs both models in one process,
+rounds alternating, on `--sentences` Multi30k validation sentences in batches of 32, `--threads`
+intra-op threads. Prints a JSON summary: sentences per second for each (the best round), the ratio
+within each round, and how many sentences got the very same tokens. On a CPU without native
+bfloat16 (`training.precision.NATIVE_BFLOAT16_CPU_FLAGS`) bfloat16 is emulated and slower.
 """
 
 import argparse
@@ -39,13 +39,13 @@ def main():
 
     from keras_transformer import inference
     from keras_transformer.runs import translation
+    from keras_transformer.training.precision import NATIVE_BFLOAT16_CPU_FLAGS, cpu_flags
 
     path = os.path.join(DATA, "multi30k", "val.en")
     sentences = open(path, encoding="utf-8").read().splitlines()[: arguments.sentences]
     batches = [tf.constant(sentences[start:start + arguments.batch_size])
                for start in range(0, len(sentences), arguments.batch_size)]
-    flags = open("/proc/cpuinfo").read().split("flags", 2)[1].split("\n")[0].split()
-    summary = {"native_bfloat16": bool({"avx512_bf16", "amx_bf16"} & set(flags)), "threads": arguments.threads,
+    summary = {"native_bfloat16": bool(set(NATIVE_BFLOAT16_CPU_FLAGS) & cpu_flags()), "threads": arguments.threads,
                "sentences": len(sentences), "batch_size": arguments.batch_size}
 
     for beam_size in (1, 4):

@@ -139,8 +139,8 @@ def main():
         subprocess.run([arguments.hf_python, "-c", MAKE_CHECKPOINT, os.path.join(DATA, "opus-mt-en-mg"), checkpoint,
                         str(arguments.max_length)], check=True, capture_output=True)
     weights_mib = os.path.getsize(os.path.join(checkpoint, "model.safetensors")) / 2**20
-    summary = {"hf_dtype": arguments.hf_dtype, "threads": arguments.threads, "sentences": len(sentences), "batch_size": arguments.batch_size,
-               "max_length": arguments.max_length, "weights_mib": round(weights_mib)}
+    summary = {"hf_dtype": arguments.hf_dtype, "threads": arguments.threads, "sentences": len(sentences),
+               "batch_size": arguments.batch_size, "max_length": arguments.max_length, "weights_mib": round(weights_mib)}
     if os.path.exists(run_dir):
         subprocess.run(["rm", "-rf", run_dir], check=True)
     summary["import"] = run_json([sys.executable, "-c", IMPORT, checkpoint, run_dir])
