@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 DEMO_RUN ?= runs/demo
 DEMO_EXPORT ?= exports/demo
 
-.PHONY: install demo test test-fast test-backends bench clean
+.PHONY: install demo test test-prerequisites test-fast test-backends bench clean
 
 $(STAMP): setup.py
 	test -x $(PYTHON) || python3 -m venv $(VENV)
@@ -41,14 +41,24 @@ BACKEND_TESTS := tests/test_layers.py tests/test_attention.py tests/test_positio
 ON_JAX := KERAS_BACKEND=jax JAX_PLATFORMS=cpu \
 	XLA_FLAGS="--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
+# What the tests need beyond .venv (headless Chromium for the browser tests),
+# installed if missing, or one line naming the command to run, before any test
+# starts: the one place that sets it up (.ci/run runs `make test`).
+test-prerequisites:
+	sh scripts/test-prerequisites.sh
+
 # The whole suite, slow end-to-end tests included, then the layer and model
-# tests on JAX (tests/test_backends.py compares the backends' outputs).
-test: $(STAMP)
-	$(PYTEST)
-	$(ON_JAX) $(PYTEST) -m "not slow" $(BACKEND_TESTS)
+# tests on JAX (tests/test_backends.py compares the backends' outputs). The JAX
+# part runs even when the TensorFlow part failed, so that one run reports both;
+# make's exit status is non-zero if either failed.
+test: test-prerequisites $(STAMP)
+	failed=""; \
+	$(PYTEST) || failed="the TensorFlow part"; \
+	$(ON_JAX) $(PYTEST) -m "not slow" $(BACKEND_TESTS) || failed="$${failed:+$$failed and }the JAX part"; \
+	if [ -n "$$failed" ]; then echo "make test: $$failed failed" >&2; exit 1; fi
 
 # Everything but the tests marked slow.
-test-fast: $(STAMP)
+test-fast: test-prerequisites $(STAMP)
 	$(PYTEST) -m "not slow"
 
 # The speed benchmark (BENCHMARKS.md): installs the `bench` extra (keras-hub)

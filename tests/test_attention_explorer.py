@@ -175,7 +175,7 @@ def assert_only_its_lines(lines, token_index):
 
 def browser(playwright):
     chromium = find_chromium()
-    assert chromium, "headless Chromium is needed (.ci/run installs Debian's chromium)"
+    assert chromium, "headless Chromium is needed (make test installs Debian's chromium: scripts/test-prerequisites.sh)"
     return playwright.chromium.launch(
         executable_path=chromium, headless=True,
         args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],

@@ -121,7 +121,7 @@ def image_tags(url):
 def test_tensorboard_serves_the_maps_and_a_browser_renders_them(logged_run, tmp_path):
     log_dir, _ = logged_run
     chromium = find_chromium()
-    assert chromium, "headless Chromium is needed (.ci/run installs Debian's chromium)"
+    assert chromium, "headless Chromium is needed (make test installs Debian's chromium: scripts/test-prerequisites.sh)"
     with serve(log_dir, ready=image_tags) as url:
         tags = image_tags(url)
         image_tags_shown = {tag for run_tags in tags.values() for tag in run_tags}
