@@ -3,7 +3,8 @@
 TensorFlow's C++ side prints several lines while it loads ("All log messages
 before absl::InitializeLog()...", "oneDNN custom operations are on...",
 "Could not find cuda drivers...") before TF_CPP_MIN_LOG_LEVEL applies, so
-setting that variable alone does not silence them. The `keras-transformer`
+setting that variable alone does not silence them (a user who sets it to 3
+still sees them all). The `keras-transformer`
 command and the scripts in examples/ import TensorFlow through
 `start_tensorflow_quietly`, so that their first lines of output are their own.
 A program of the user's that imports the package is left as it is.
@@ -22,8 +23,12 @@ from pathlib import Path
 
 # What TensorFlow's C++ side prints while it starts, before its log level
 # applies: the logger's preamble and INFO/WARNING lines ("I0000 ... oneDNN
-# custom operations are on", "Could not find cuda drivers").
-_START_UP_NOISE = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\)|[IW]\d{4} )")
+# custom operations are on", "Could not find cuda drivers"); and, on a machine
+# without a GPU, the ERROR line of the first look for one ("failed call to
+# cuInit"), which levels below 3 let through.
+_START_UP_NOISE = re.compile(
+    r"^(WARNING: All log messages before absl::InitializeLog\(\)|[IW]\d{4} |E\d{4} .*failed call to cuInit)"
+)
 
 # The scripts beside the package in its repository: they start as the command does.
 EXAMPLES_DIRECTORY = Path(__file__).resolve().parent.parent / "examples"
@@ -39,14 +44,17 @@ def start_tensorflow_quietly():
     """Import TensorFlow with no start-up chatter on the console, unless the user asked for its logs.
 
     The start-up lines are written to the stderr file descriptor while
-    TensorFlow loads: they are caught there, and all but those lines passed
-    on. A user who set TF_CPP_MIN_LOG_LEVEL chose what to see, and sees it.
+    TensorFlow loads (and first looks for its devices): they are caught there,
+    and all but those lines passed on. A user's TF_CPP_MIN_LOG_LEVEL is kept:
+    0 asked for everything, and TensorFlow is left to print it; 1, 2 or 3 get
+    the start-up lines filtered too, since TensorFlow prints them whatever the
+    level, so that asking for quiet is never noisier than not asking.
     """
-    if "TF_CPP_MIN_LOG_LEVEL" in os.environ or "tensorflow" in sys.modules:
+    if "tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL", "").strip() == "0":
         return
-    # 3: not even ERROR lines, which on a machine without a GPU include
-    # "failed call to cuInit"; a real failure still surfaces as an exception.
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    # 3 unless the user chose: not even ERROR lines, which on a machine without
+    # a GPU include "failed call to cuInit"; a real failure still surfaces as an exception.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     sys.stderr.flush()
     saved_stderr = os.dup(2)
     with tempfile.TemporaryFile() as captured:
@@ -54,6 +62,10 @@ def start_tensorflow_quietly():
         try:
             for module in ("tensorflow", "keras", "tensorflow_text"):
                 importlib.import_module(module)
+            # The first look for devices logs "failed call to cuInit" on a machine without a GPU,
+            # at ERROR, which levels 1 and 2 let through: it happens here, where it is caught.
+            # Physical devices only: the logical ones (a CPU split into replicas) are still to configure.
+            sys.modules["tensorflow"].config.list_physical_devices()
         finally:
             os.dup2(saved_stderr, 2)
             os.close(saved_stderr)

@@ -136,6 +136,47 @@ def test_the_command_is_quiet_about_tensorflow_starting(tmp_path):
     ], result.stderr
 
 
+# What TensorFlow's C++ side prints while it starts, whatever TF_CPP_MIN_LOG_LEVEL says (startup.py).
+START_UP_NOISE = ("All log messages before absl::InitializeLog", "oneDNN custom operations are on",
+                  "Could not find cuda drivers", "failed call to cuInit", "cpu_feature_guard")
+
+# The command as its console script starts it (argv[0] "keras-transformer": the package defers its
+# imports to the command), then an op, as every command that goes on runs some; and whether
+# TensorFlow was imported, on stdout.
+AS_THE_CONSOLE_SCRIPT = """
+import sys
+sys.argv = ["keras-transformer", "evaluate", sys.argv[1]]
+from keras_transformer.cli import main
+status = main()
+started = "tensorflow" in sys.modules
+import tensorflow as tf
+tf.constant(1.0) + 1.0
+print("the command started TensorFlow:", started)
+sys.exit(status)
+"""
+
+
+@pytest.mark.parametrize("level", [None, "2", "3"])
+def test_asking_tensorflow_for_quiet_is_never_noisier(tmp_path, level):
+    # A user who set TF_CPP_MIN_LOG_LEVEL (the setting users reach for) hears no more of TensorFlow's
+    # start-up than one who did not: stderr is the command's one line either way.
+    environment = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
+    if level is not None:
+        environment["TF_CPP_MIN_LOG_LEVEL"] = level
+    result = subprocess.run(
+        [sys.executable, "-c", AS_THE_CONSOLE_SCRIPT, str(tmp_path / "nowhere")], capture_output=True, text=True,
+        env=environment, timeout=300,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "the command started TensorFlow: True" in result.stdout, result.stdout
+    assert not [line for line in result.stderr.splitlines() if any(noise in line for noise in START_UP_NOISE)], (
+        result.stderr
+    )
+    assert result.stderr.splitlines() == [
+        f"keras-transformer: error: {tmp_path / 'nowhere'} is not a run directory: it has no config.json"
+    ], result.stderr
+
+
 # Every command that takes a run directory and then texts, with options before, between and after
 # the texts: what the command receives, and the options it got.
 OPTIONS_ANYWHERE = {
