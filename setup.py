@@ -30,10 +30,13 @@ setup(
         "serving": ["tensorflow-serving-api~=2.21.0"],
         # `export --format ctranslate2` and `translate --ctranslate2`: CTranslate2 as a deployment target.
         "ctranslate2": ["ctranslate2>=4.5"],
+        # `translate --litert`: the LiteRT runtime for `export --format litert` (keras_transformer.on_device).
+        "litert": ["ai-edge-litert>=2.0"],
         # playwright drives Debian's chromium in the attention explorer's test (no browser download).
         # ctranslate2: the CTranslate2 export is tested too. jax: the layer and model tests run on it too.
         "dev": [
             "pytest>=8", "pytest-xdist", "tensorflow-serving-api~=2.21.0", "playwright", "ctranslate2>=4.5", "jax>=0.4.36",
+            "ai-edge-litert>=2.0",
         ],
         # `make bench`: the keras-hub and CTranslate2 contenders, and PyTorch's nn.Transformer.
         "bench": ["keras-hub>=0.20", "ctranslate2>=4.5"],

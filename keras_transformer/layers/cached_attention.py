@@ -27,6 +27,9 @@ Either returns `(outputs, cache)`. Attention maps come from a full pass
 (`MultiHeadAttention.call`), not from decoding steps.
 """
 
+import contextlib
+import contextvars
+
 import keras
 from keras import ops
 
@@ -45,8 +48,11 @@ def write_cache(cache, keys_values, cache_index):
     list of `(part, row, head, position)` indices, one per update row,
     listed in the new values' own order: the form every backend's scatter
     reads alike. TensorFlow without XLA writes differently:
-    `_write_cache_in_place`.
+    `_write_cache_in_place`, and so does a graph traced for LiteRT
+    (`cache_writes_for_litert`).
     """
+    if keras.backend.backend() == "tensorflow" and _WRITES_FOR_LITERT.get():
+        return _write_cache_as_dynamic_update_slice(cache, keys_values, cache_index)
     if keras.backend.backend() == "tensorflow" and not _compiling_with_xla():
         return _write_cache_in_place(cache, keys_values, cache_index)
     rows, new_length, parts, heads = (ops.shape(keys_values)[axis] for axis in range(4))
@@ -89,6 +95,38 @@ def _write_cache_in_place(cache, keys_values, cache_index):
         value=new_columns,
     )
     return tf.reshape(written, tf.shape(cache))
+
+
+# Set while a graph is traced for LiteRT (`cache_writes_for_litert`).
+_WRITES_FOR_LITERT = contextvars.ContextVar("cache_writes_for_litert", default=False)
+
+
+@contextlib.contextmanager
+def cache_writes_for_litert():
+    """Within it, TensorFlow traces cache writes as one `DynamicUpdateSlice` (`export.litert`).
+
+    LiteRT has neither TensorFlow's strided-slice update nor its scatter
+    update among its builtin ops; its `DYNAMIC_UPDATE_SLICE` writes a block at
+    a position known only at run time, into the cache's own buffer. The op
+    comes from XLA's op set, so TensorFlow itself cannot run it outside XLA:
+    only a graph that is converted, never run, is traced this way.
+    """
+    token = _WRITES_FOR_LITERT.set(True)
+    try:
+        yield
+    finally:
+        _WRITES_FOR_LITERT.reset(token)
+
+
+def _write_cache_as_dynamic_update_slice(cache, keys_values, cache_index):
+    """`write_cache` as the one op LiteRT writes a block with (see `cache_writes_for_litert`)."""
+    import tensorflow as tf
+    from tensorflow.compiler.tf2xla.python import xla
+
+    new_positions = tf.transpose(keys_values, (2, 0, 3, 1, 4))  # into the cache's (2, batch, heads, new, head_dim)
+    origin = tf.zeros([], tf.int32)
+    corner = tf.stack([origin, origin, origin, tf.cast(cache_index, tf.int32), origin])
+    return xla.dynamic_update_slice(cache, tf.cast(new_positions, cache.dtype), corner)
 
 
 def _compiling_with_xla():

@@ -104,9 +104,9 @@ def merge_attention_masks(
     """
     masks = []
     if query_mask is not None:
-        masks.append(ops.cast(query_mask, "bool")[:, None, :, None])
+        masks.append(_with_axes(ops.cast(query_mask, "bool"), (1, 3)))
     if key_mask is not None:
-        masks.append(ops.cast(key_mask, "bool")[:, None, None, :])
+        masks.append(_with_axes(ops.cast(key_mask, "bool"), (1, 2)))
     if attention_mask is not None:
         masks.append(_to_rank4(attention_mask, "attention_mask"))
     if sliding_window is not None:
@@ -125,6 +125,18 @@ def merge_attention_masks(
     for mask in masks[1:]:
         merged = ops.logical_and(merged, mask)
     return merged
+
+
+def _with_axes(mask, axes):
+    """`mask` with a new axis of size 1 at each of `axes` (ascending).
+
+    `expand_dims`, not `mask[:, None, ...]`: LiteRT's converter cannot turn a
+    strided slice that adds axes to a bool tensor of unknown shape into a
+    builtin op (see `export.litert`).
+    """
+    for axis in axes:
+        mask = ops.expand_dims(mask, axis)
+    return mask
 
 
 def keras_mask(tensor):

@@ -16,6 +16,7 @@ whose final state sums the text up (BERT's convention).
 import collections
 import hashlib
 import os
+import unicodedata
 
 import numpy as np
 import tensorflow as tf
@@ -24,6 +25,7 @@ from tensorflow_text.python.ops import bert_tokenizer
 from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
 
 from keras_transformer.saving import DamagedFileError, read_json, replace_whole, write_json
+from keras_transformer.text.portable import join_columns
 
 PAD, UNK, START, END = "[PAD]", "[UNK]", "[START]", "[END]"
 RESERVED_TOKENS = (PAD, UNK, START, END)
@@ -49,14 +51,12 @@ _LEARNER_SETTINGS = dict(
     num_iterations=3, max_input_tokens=int(5e6), max_token_length=50, max_unique_chars=1000, joiner="##"
 )
 
-# Detokenized text has a space around every punctuation mark ("Ein Mann ( mit
-# Hut ) , oder ?"); these rules glue the marks back the way text is written.
-_SPACING_RULES = (
-    (r" ([.,!?;:%)\]}])", r"\1"),  # no space before closing punctuation
-    (r"([(\[{]) ", r"\1"),  # nor after opening brackets
-    (r"([\pL\pN]) ([-'’/]) ([\pL\pN])", r"\1\2\3"),  # T - shirt, dog ' s
-    (r"([\pL\pN]) ' (s|t|re|ve|ll|d|m)\b", r"\1'\2"),
-)
+# Detokenized text would have a space around every punctuation mark ("Ein
+# Mann ( mit Hut ) , oder ?"); `detokenize` leaves the space out where text is
+# written without one: before a closing mark, after an opening one, and around
+# a hyphen, apostrophe or slash between two letters or digits ("T-shirt",
+# "dog's", "and/or").
+_CLOSING, _OPENING, _JOINING = ".,!?;:%)]}", "([{", "-'’/"
 
 
 def normalize(strings, lower_case=False):
@@ -111,10 +111,16 @@ class WordPieceTokenizer(tf.Module):
             token_out_type=tf.int32,
         )
         self._tokens = tf.constant(vocab)
+        self._spelling = _Spelling(vocab, (self.pad_id, self.start_id, self.end_id))
 
     @property
     def vocab_size(self):
         return len(self.vocab)
+
+    @property
+    def wordpiece(self):
+        """The `text.FastWordpieceTokenizer` that splits normalised text into pieces (unframed, ragged ids)."""
+        return self._wordpiece
 
     # `tokenize` frames every text with [START] and [END].
     frame_length = 2
@@ -214,22 +220,21 @@ class WordPieceTokenizer(tf.Module):
         # Padded before the [CLS] column joins: an empty batch keeps its one column.
         return tf.concat([cls_column, pieces.to_tensor()], axis=1)
 
-    def _content_ids(self, ids):
-        """Drop padding and the start/end markers: what remains is text."""
-        if not isinstance(ids, tf.RaggedTensor):
-            ids = tf.RaggedTensor.from_tensor(tf.convert_to_tensor(ids))
-        ids = tf.cast(ids, tf.int32)
+    def detokenize(self, ids):
+        """Ids (dense or ragged, `(batch, length)`) -> `(batch,)` readable strings.
+
+        Padding, [START] and [END] are dropped; a piece (`##rad`) joins the
+        token before it; words are separated by a space except where text is
+        written without one (`_CLOSING`, `_OPENING`, `_JOINING`). Built from
+        gathers and one string join, so that a LiteRT file runs the same
+        code (`export.litert`).
+        """
+        if isinstance(ids, tf.RaggedTensor):
+            ids = ids.to_tensor()
+        ids = tf.cast(tf.convert_to_tensor(ids), tf.int32)
         # An id outside the vocabulary (a model of another size) reads as [UNK].
         ids = tf.where((ids >= 0) & (ids < self.vocab_size), ids, self.unk_id)
-        keep = (ids != self.pad_id) & (ids != self.start_id) & (ids != self.end_id)
-        return tf.ragged.boolean_mask(ids, keep)
-
-    def detokenize(self, ids):
-        """Ids (dense or ragged, `(batch, length)`) -> `(batch,)` readable strings."""
-        strings = self._wordpiece.detokenize(self._content_ids(ids))
-        for pattern, replacement in _SPACING_RULES:
-            strings = tf.strings.regex_replace(strings, pattern, replacement)
-        return strings
+        return self._spelling.spell(ids)
 
     def id_to_token(self, ids):
         """Ids -> their token strings (same shape), for labelling attention maps."""
@@ -286,3 +291,68 @@ def _vocabulary_from_word_counts(word_counts, vocab_size, reserved_tokens, min_c
             break
         keep.add(int(index))
     return [vocab[index] for index in sorted(keep)]
+
+
+class _Spelling:
+    """How a row of WordPiece ids is written as text: what `WordPieceTokenizer.detokenize` runs.
+
+    Each token's spelling (a piece without its `##`, a reserved token as
+    nothing) and the classes of its first and last characters are tables,
+    looked up by id; whether a space goes before a token depends on it and
+    its neighbours only.
+    """
+
+    def __init__(self, vocab, silent_ids):
+        spelled = ["" if index in silent_ids else token.removeprefix("##") for index, token in enumerate(vocab)]
+        self.vocab_size = len(vocab)
+        self.spellings = tf.constant(spelled + ["", " "])
+        self.silent = tf.constant([index in silent_ids for index in range(len(vocab))])
+        self.nothing = silent_ids[0]
+        self.is_piece = tf.constant([token.startswith("##") and len(token) > 2 for token in vocab])
+        self.joining = tf.constant([len(token) == 1 and token in _JOINING for token in spelled])
+        self.opens_last = tf.constant([token[-1:] != "" and token[-1:] in _OPENING for token in spelled])
+        self.closes_first = tf.constant([token[:1] != "" and token[:1] in _CLOSING for token in spelled])
+        self.alnum_first = tf.constant([_letter_or_digit(token[:1]) for token in spelled])
+        self.alnum_last = tf.constant([_letter_or_digit(token[-1:]) for token in spelled])
+
+    def spell(self, ids):
+        """`(batch, length)` int32 ids in the vocabulary -> `(batch,)` strings."""
+        ids = _left_aligned(ids, tf.gather(self.silent, ids))
+        real = ids >= 0
+        ids = tf.where(real, ids, self.nothing)
+        shifted_right = lambda values: tf.pad(values[:, :-1], [[0, 0], [1, 0]])  # noqa: E731  (the token before)
+        shifted_left = lambda values: tf.pad(values[:, 1:], [[0, 0], [0, 1]])  # noqa: E731  (the token after)
+        table = lambda flags: tf.gather(flags, ids) & real  # noqa: E731
+        word_start = real & ~table(self.is_piece)
+        # A hyphen, apostrophe or slash standing as a word between a letter or digit and another: no spaces.
+        joins = (table(self.joining) & word_start & shifted_left(word_start) & shifted_left(table(self.alnum_first))
+                 & shifted_right(table(self.alnum_last)))
+        first = tf.range(tf.shape(ids)[1])[None, :] == 0
+        space_before = (word_start & ~first & ~table(self.closes_first) & ~shifted_right(table(self.opens_last))
+                        & ~joins & ~shifted_right(joins))
+        # Each token as two strings, a space or nothing, then its spelling: indices into one table, where
+        # `len(vocab) + 1` is " " and `len(vocab)` is "" (LiteRT stacks integers, not strings).
+        space_ids = self.vocab_size + tf.cast(space_before, tf.int32)
+        pairs = tf.reshape(tf.stack([space_ids, ids], axis=2), [tf.shape(ids)[0], -1])
+        if ids.shape[1] is not None:
+            pairs = tf.reshape(pairs, [-1, 2 * ids.shape[1]])  # a width known when tracing (`join_columns`)
+        pairs = tf.gather(self.spellings, pairs)
+        return join_columns(pairs)
+
+
+def _letter_or_digit(character):
+    return bool(character) and unicodedata.category(character)[0] in "LN"
+
+
+def _left_aligned(ids, dropped):
+    """`ids` with the `dropped` positions taken out, the rest moved left in order, and -1 after them.
+
+    A sort by (dropped, position), as `top_k` of a key that falls with both:
+    LiteRT has no sort or boolean mask among its builtins, but has top-k.
+    """
+    length = tf.shape(ids)[1]
+    positions = tf.range(length)[None, :]
+    key = tf.where(dropped, -1 - positions, length - positions)  # kept first, each group in order
+    _, order = tf.math.top_k(key, k=length)
+    kept = tf.gather(~dropped, order, batch_dims=1)
+    return tf.where(kept, tf.gather(ids, order, batch_dims=1), -1)

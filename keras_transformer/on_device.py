@@ -1,0 +1,112 @@
+"""Run an `export --format litert` directory with the LiteRT runtime, as an app on a phone would.
+
+    >>> from keras_transformer.on_device import LiteRTModel
+    >>> LiteRTModel("exports/demo-litert").translate(["The dog sees the cat."])
+    ['Der Hund sieht die Katze.']
+
+The interpreter is `ai-edge-litert`'s (the `litert` extra), with
+tensorflow-text's kernels registered (`tensorflow_text.tflite_registrar`).
+TensorFlow's Python package is never imported here: the kernels' library is
+loaded on its own, and it links TensorFlow's C++ framework library
+(`libtensorflow_framework.so.2`), which is loaded too (about a tenth of what
+importing TensorFlow costs). An Android app does the same with the
+`Interpreter` of `com.google.ai.edge.litert` and tensorflow-text's ops
+registered (docs/on-device.md).
+
+Before a text goes in, it is made what the file expects (see
+`export.litert`): valid UTF-8 (bad bytes replaced by U+FFFD) in Unicode NFC.
+A request that is not a list of strings gets one `ValueError` line; the
+interpreter serves the next request as before.
+"""
+
+import ctypes
+import importlib.machinery
+import importlib.util
+import json
+import os
+import unicodedata
+
+import numpy as np
+
+MODEL_FILE, SETTINGS_FILE = "model.tflite", "litert.json"  # as export.litert writes them
+
+
+def text_operator_registerers():
+    """tensorflow-text's LiteRT kernels, as the functions that register them, loaded without TensorFlow's Python."""
+    text_directory = os.path.dirname(importlib.util.find_spec("tensorflow_text").origin)
+    tensorflow_directory = os.path.dirname(importlib.util.find_spec("tensorflow").origin)
+    ctypes.CDLL(os.path.join(tensorflow_directory, "libtensorflow_framework.so.2"), mode=ctypes.RTLD_GLOBAL)
+    binaries = os.path.join(text_directory, "core", "pybinds")
+    ctypes.CDLL(os.path.join(binaries, "libpybinds_library_common.so"), mode=ctypes.RTLD_GLOBAL)
+    path = os.path.join(binaries, "tflite_registrar.so")
+    loader = importlib.machinery.ExtensionFileLoader("tflite_registrar", path)
+    registrar = importlib.util.module_from_spec(importlib.util.spec_from_file_location("tflite_registrar", path,
+                                                                                      loader=loader))
+    loader.exec_module(registrar)
+    return [getattr(registrar, name) for name in dir(registrar) if name.startswith("Add")]
+
+
+def require_litert():
+    try:
+        import ai_edge_litert  # noqa: F401
+    except ImportError:
+        raise ImportError("the LiteRT runtime is an optional extra: pip install 'keras-transformer[litert]'") from None
+
+
+class LiteRTModel:
+    """A LiteRT export (a directory from `export --format litert`), ready to run.
+
+    Args:
+        directory: the export's directory.
+        num_threads: the interpreter's CPU threads (default: all cores).
+    """
+
+    def __init__(self, directory, num_threads=None):
+        require_litert()
+        from ai_edge_litert.interpreter import InterpreterWithCustomOps
+
+        model_path, settings_path = os.path.join(directory, MODEL_FILE), os.path.join(directory, SETTINGS_FILE)
+        for path in (model_path, settings_path):
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"{directory} is not a LiteRT export: it has no {os.path.basename(path)}")
+        with open(settings_path, encoding="utf-8") as file:
+            self.settings = json.load(file)
+        self.kind = self.settings["kind"]
+        self.interpreter = InterpreterWithCustomOps(
+            model_path=model_path, custom_op_registerers=text_operator_registerers(),
+            num_threads=num_threads or os.cpu_count(),
+        )
+        self._runner = self.interpreter.get_signature_runner("serving_default")
+
+    def run(self, texts, **inputs):
+        """The signature's outputs for `texts` (a list of strings) and any other `inputs`, as NumPy arrays."""
+        return self._runner(text=_checked_texts(texts), **inputs)
+
+    def translate(self, texts, batch_size=32):
+        """Python strings in, translations out, in batches."""
+        self._require("translation", "translate")
+        return [text.decode("utf-8") for batch in _batches(texts, batch_size)
+                for text in self.run(batch)["translation"]]
+
+    def _require(self, kind, command):
+        if self.kind != kind:
+            raise ValueError(f"{command} needs a {kind} export; this one holds a {self.kind}")
+
+
+def _checked_texts(texts):
+    """`texts` as the file's input: a string array of shape [batch], valid UTF-8 in NFC, or a one-line ValueError."""
+    if isinstance(texts, (str, bytes)) or not hasattr(texts, "__iter__"):
+        raise ValueError(f"texts must be a list of strings, got {type(texts).__name__}")
+    checked = []
+    for text in texts:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        if not isinstance(text, str):
+            raise ValueError(f"texts must be a list of strings; one is {type(text).__name__}")
+        checked.append(unicodedata.normalize("NFC", text).encode("utf-8"))
+    return np.array(checked, dtype=object).reshape([len(checked)])
+
+
+def _batches(texts, batch_size):
+    texts = list(texts)
+    return [texts[start:start + batch_size] for start in range(0, len(texts), batch_size)]
