@@ -442,23 +442,53 @@ def update_metrics(run_dir, update):
     return metrics
 
 
-def load_trained_model(run_dir, build_model):
+# The precision every inference road computes in unless asked otherwise: `translate`,
+# `evaluate`, the exports (SavedModel, CTranslate2, LiteRT), a classifier's and a
+# language model's runs. float32 whatever the run trained in: a mixed-precision run
+# keeps its weights in float32, so only the arithmetic changes, and every road then
+# gives the same outputs on every machine (CTranslate2 computes in float32 on a CPU).
+INFERENCE_PRECISION = "float32"
+INFERENCE_PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+
+
+def load_trained_model(run_dir, build_model, precision=INFERENCE_PRECISION):
     """`model.keras` once training has finished; before that, the best checkpoint so far.
 
     So a run that is still training (or was killed) can be evaluated and
     tried out without stopping it. `build_model()` makes the run's model,
     built, for the checkpoint's weights.
+
+    The model computes in `precision` (one of `INFERENCE_PRECISIONS`: float32
+    by default, whatever the run trained in), from the run's float32
+    weights; None keeps the policy the model was saved with.
     """
+    if precision is not None and precision not in INFERENCE_PRECISIONS:
+        raise ValueError(f"precision must be one of {INFERENCE_PRECISIONS}, got {precision!r}")
     model_path = path(run_dir, MODEL)
     if os.path.exists(model_path):
-        return saving.load_model(model_path)
+        return saving.load_model(model_path, dtype_policy=precision)
     checkpoint = path(run_dir, BEST_CHECKPOINT)
     if not os.path.exists(checkpoint):
         raise FileNotFoundError(f"{run_dir} has neither {MODEL} nor a checkpoint: has its first epoch finished?")
     logger.warning("%s has no %s (training not finished): using %s", run_dir, MODEL, checkpoint)
-    model = build_model()
+    with _global_dtype_policy(precision):
+        model = build_model()
     saving.load_weights(model, checkpoint)
     return model
+
+
+@contextlib.contextmanager
+def _global_dtype_policy(name):
+    """Keras' global dtype policy set to `name` (None: left alone), and set back after."""
+    if name is None:
+        yield
+        return
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(name)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
 
 
 def average_checkpoints(run_dir, out_dir, last=None):

@@ -414,12 +414,19 @@ def load_config(run_dir):
     return runs.load_config(run_dir, DEFAULTS[TRANSLATION])
 
 
-def load_translator(run_dir, beam_size=None, length_alpha=None, max_extra_length=None, max_output_length=None):
-    """The run's model and tokenizers as a `Translator` (settings default to the config's)."""
+def load_translator(run_dir, beam_size=None, length_alpha=None, max_extra_length=None, max_output_length=None,
+                    precision=runs.INFERENCE_PRECISION):
+    """The run's model and tokenizers as a `Translator` (settings default to the config's).
+
+    The model computes in `precision`: float32 unless asked otherwise, whatever
+    the run trained in (`run_dir.load_trained_model`), as every road that
+    starts here does (translate, evaluate, the exports).
+    """
     config = load_config(run_dir)
     source_tokenizer, target_tokenizer = tokenizers(run_dir, config["tokenizer"])
     model = runs.load_trained_model(
-        run_dir, lambda: build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
+        run_dir, lambda: build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size),
+        precision=precision,
     )
     settings = config["evaluation"]
     # A pretrained checkpoint's decoding rules (`pretrained.decoding_settings`); our own runs have none.
@@ -442,7 +449,8 @@ def load_translator(run_dir, beam_size=None, length_alpha=None, max_extra_length
     )
 
 
-def evaluate(run_dir, split="val", beam_size=None, batch_size=None, length_alpha=None, tsv=None):
+def evaluate(run_dir, split="val", beam_size=None, batch_size=None, length_alpha=None, tsv=None,
+             precision=runs.INFERENCE_PRECISION):
     """Translate a split (or the pairs of a `tsv` file), write `hypotheses.<split>.txt`, return and record BLEU/chrF."""
     config = load_config(run_dir)
     if tsv:
@@ -452,7 +460,7 @@ def evaluate(run_dir, split="val", beam_size=None, batch_size=None, length_alpha
         raise ValueError(f"{run_dir} is an imported checkpoint, with no corpus of its own: give --tsv FILE")
     else:
         pairs = load_pairs(config["data"], (split,))[split]
-    translator = load_translator(run_dir, beam_size=beam_size, length_alpha=length_alpha)
+    translator = load_translator(run_dir, beam_size=beam_size, length_alpha=length_alpha, precision=precision)
     started = time.time()
     hypotheses = translator.translate([source for source, _ in pairs], batch_size=batch_size or config["evaluation"]["batch_size"])
     seconds = time.time() - started
@@ -471,8 +479,8 @@ def evaluate(run_dir, split="val", beam_size=None, batch_size=None, length_alpha
     return scores, samples
 
 
-def translate(run_dir, sentences, beam_size=None):
-    return load_translator(run_dir, beam_size=beam_size).translate(sentences)
+def translate(run_dir, sentences, beam_size=None, precision=runs.INFERENCE_PRECISION):
+    return load_translator(run_dir, beam_size=beam_size, precision=precision).translate(sentences)
 
 
 def export(run_dir, export_base, version=None, beam_size=None, length_alpha=None, max_output_length=None):
