@@ -173,6 +173,7 @@ def _add_translate_command(commands):
     translate.add_argument(
         "--ctranslate2", metavar="DIR", help="translate with a CTranslate2 export (export --format ctranslate2)"
     )
+    translate.add_argument("--litert", metavar="DIR", help="translate with a LiteRT export (export --format litert)")
     translate.set_defaults(handler=_translate)
 
 
@@ -180,8 +181,9 @@ def _add_classify_command(commands):
     classify = commands.add_parser(
         "classify", help="label texts with a classifier run (arguments, or stdin one a line): label<TAB>probability"
     )
-    classify.add_argument("run_dir")
+    classify.add_argument("run_dir", nargs="?", help="the run directory (omit with --litert)")
     classify.add_argument("texts", nargs="*")
+    classify.add_argument("--litert", metavar="DIR", help="classify with a LiteRT export (export --format litert)")
     classify.set_defaults(handler=_classify)
 
 
@@ -192,10 +194,12 @@ def _add_export_command(commands):
         "export_base",
         help="the directory TensorFlow Serving watches (writes EXPORT_BASE/N/); with --format ctranslate2, a new directory",
     )
-    export.add_argument("--format", choices=["saved_model", "ctranslate2"], default="saved_model",
-                        help="translation: a SavedModel (default) or a CTranslate2 model with our tokenizers")
+    export.add_argument("--format", choices=["saved_model", "ctranslate2", "litert"], default="saved_model",
+                        help="a SavedModel (default), a CTranslate2 model with our tokenizers (translation), or one "
+                        "LiteRT file for on-device use (translation)")
     export.add_argument("--quantization", choices=["int8", "int8_float32", "int8_float16", "int8_bfloat16", "float16",
-                                                   "bfloat16"], help="--format ctranslate2: how its weights are stored")
+                                                   "bfloat16"],
+                        help="--format ctranslate2 or litert (int8, float16): how its weights are stored")
     export.add_argument("--version", type=int, help="N (default: one more than the highest there)")
     export.add_argument("--beam-size", type=int, help="translation: default the run's evaluation setting")
     export.add_argument("--length-penalty", type=float, metavar="ALPHA", help="translation: default the run's (0.6)")
@@ -481,8 +485,18 @@ def _lines_from_stdin():
 
 def _translate(arguments):
     sentences = arguments.sentences
-    if arguments.saved_model and arguments.ctranslate2:
-        raise ValueError("give --saved-model or --ctranslate2, not both")
+    if sum(bool(road) for road in (arguments.saved_model, arguments.ctranslate2, arguments.litert)) > 1:
+        raise ValueError("give one of --saved-model, --ctranslate2 and --litert")
+    if arguments.litert:
+        # No TensorFlow in this process: the LiteRT runtime alone (keras_transformer.on_device).
+        if arguments.beam_size:
+            raise ValueError("--beam-size cannot change an export: its beam size was fixed by `export`")
+        from keras_transformer.on_device import LiteRTModel
+
+        sentences = ([arguments.run_dir] if arguments.run_dir else []) + sentences
+        for translated in LiteRTModel(arguments.litert).translate(sentences or _lines_from_stdin()):
+            print(translated)
+        return
     if arguments.ctranslate2:
         # No run directory with an export: the first positional is a sentence.
         sentences = ([arguments.run_dir] if arguments.run_dir else []) + sentences
@@ -522,6 +536,15 @@ def _average_checkpoints(arguments):
 
 
 def _classify(arguments):
+    if arguments.litert:
+        from keras_transformer.on_device import LiteRTModel
+
+        texts = ([arguments.run_dir] if arguments.run_dir else []) + arguments.texts
+        for label, probability in LiteRTModel(arguments.litert).classify(texts or _lines_from_stdin()):
+            print(f"{label}\t{probability:.4f}")
+        return
+    if not arguments.run_dir:
+        raise ValueError("classify needs a run directory or --litert DIR")
     _task_of(arguments.run_dir, "classify", (options.CLASSIFICATION,))
     from keras_transformer.runs import classification
 
@@ -533,8 +556,26 @@ def _export(arguments):
     from keras_transformer.runs import task_module
 
     task = _task_of(arguments.run_dir, "export", (options.TRANSLATION, options.CLASSIFICATION, options.LANGUAGE_MODEL))
-    if arguments.quantization and arguments.format != "ctranslate2":
-        raise ValueError("--quantization is for --format ctranslate2")
+    if arguments.quantization and arguments.format == "saved_model":
+        raise ValueError("--quantization is for --format ctranslate2 or litert")
+    if arguments.format == "litert":
+        if arguments.version:
+            raise ValueError("--format litert writes a new directory (no --version)")
+        if task == options.TRANSLATION:
+            path = task_module(task).export_litert(
+                arguments.run_dir, arguments.export_base, quantization=arguments.quantization,
+                beam_size=arguments.beam_size, length_alpha=arguments.length_penalty,
+                max_output_length=arguments.max_output_length,
+            )
+        else:
+            if arguments.beam_size or arguments.length_penalty is not None or arguments.max_output_length:
+                raise ValueError("--beam-size, --length-penalty and --max-output-length are for translation runs")
+            path = task_module(task).export_litert(arguments.run_dir, arguments.export_base, arguments.quantization)
+        command = {options.TRANSLATION: "translate", options.CLASSIFICATION: "classify",
+                   options.LANGUAGE_MODEL: "generate"}[task]
+        print(f"exported LiteRT model: {path}")
+        print(f"try it:     keras-transformer {command} --litert {path} \"...\"")
+        return
     if arguments.format == "ctranslate2":
         if task != options.TRANSLATION or arguments.version:
             raise ValueError("--format ctranslate2 exports a translation run, to a new directory (no --version)")
@@ -651,9 +692,14 @@ def main(argv=None):
         return 2
     for name, value in getattr(arguments, "tensorflow_environment", {}).items():
         os.environ.setdefault(name, value)  # read once, when TensorFlow starts: a user's setting wins
-    startup.start_tensorflow_quietly()
+    # A LiteRT export runs without TensorFlow (keras_transformer.on_device): nothing of it is started.
+    on_device = bool(getattr(arguments, "litert", None))
+    if not on_device:
+        startup.start_tensorflow_quietly()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from keras_transformer.training import TrainingInterrupted
+    TrainingInterrupted = ()  # noqa: N806  (the exception class below, where training can run)
+    if not on_device:
+        from keras_transformer.training import TrainingInterrupted
 
     try:
         arguments.handler(arguments)

@@ -24,25 +24,37 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import re
+import sys
 import unicodedata
 
 import numpy as np
 
+from keras_transformer.startup import start_up_lines_dropped
+
 MODEL_FILE, SETTINGS_FILE = "model.tflite", "litert.json"  # as export.litert writes them
+
+
+# tensorflow-text's registrar, under the name `import tensorflow_text` gives it: loaded once per process
+# whoever loads it first (two copies of one pybind11 module corrupt the heap at exit).
+_REGISTRAR = "tensorflow_text.core.pybinds.tflite_registrar"
 
 
 def text_operator_registerers():
     """tensorflow-text's LiteRT kernels, as the functions that register them, loaded without TensorFlow's Python."""
-    text_directory = os.path.dirname(importlib.util.find_spec("tensorflow_text").origin)
-    tensorflow_directory = os.path.dirname(importlib.util.find_spec("tensorflow").origin)
-    ctypes.CDLL(os.path.join(tensorflow_directory, "libtensorflow_framework.so.2"), mode=ctypes.RTLD_GLOBAL)
-    binaries = os.path.join(text_directory, "core", "pybinds")
-    ctypes.CDLL(os.path.join(binaries, "libpybinds_library_common.so"), mode=ctypes.RTLD_GLOBAL)
-    path = os.path.join(binaries, "tflite_registrar.so")
-    loader = importlib.machinery.ExtensionFileLoader("tflite_registrar", path)
-    registrar = importlib.util.module_from_spec(importlib.util.spec_from_file_location("tflite_registrar", path,
-                                                                                      loader=loader))
-    loader.exec_module(registrar)
+    registrar = sys.modules.get(_REGISTRAR)
+    if registrar is None:
+        text_directory = os.path.dirname(importlib.util.find_spec("tensorflow_text").origin)
+        tensorflow_directory = os.path.dirname(importlib.util.find_spec("tensorflow").origin)
+        ctypes.CDLL(os.path.join(tensorflow_directory, "libtensorflow_framework.so.2"), mode=ctypes.RTLD_GLOBAL)
+        binaries = os.path.join(text_directory, "core", "pybinds")
+        ctypes.CDLL(os.path.join(binaries, "libpybinds_library_common.so"), mode=ctypes.RTLD_GLOBAL)
+        path = os.path.join(binaries, "tflite_registrar.so")
+        loader = importlib.machinery.ExtensionFileLoader(_REGISTRAR, path)
+        registrar = importlib.util.module_from_spec(importlib.util.spec_from_file_location(_REGISTRAR, path,
+                                                                                          loader=loader))
+        loader.exec_module(registrar)
+        sys.modules[_REGISTRAR] = registrar
     return [getattr(registrar, name) for name in dir(registrar) if name.startswith("Add")]
 
 
@@ -72,11 +84,13 @@ class LiteRTModel:
         with open(settings_path, encoding="utf-8") as file:
             self.settings = json.load(file)
         self.kind = self.settings["kind"]
-        self.interpreter = InterpreterWithCustomOps(
-            model_path=model_path, custom_op_registerers=text_operator_registerers(),
-            num_threads=num_threads or os.cpu_count(),
-        )
-        self._runner = self.interpreter.get_signature_runner("serving_default")
+        with start_up_lines_dropped(_START_UP_NOISE):
+            self.interpreter = InterpreterWithCustomOps(
+                model_path=model_path, custom_op_registerers=text_operator_registerers(),
+                num_threads=num_threads or os.cpu_count(),
+            )
+            self._runner = self.interpreter.get_signature_runner("serving_default")
+            self._runner(text=np.array([b""], dtype=object))  # the delegate announces itself on the first run
 
     def run(self, texts, **inputs):
         """The signature's outputs for `texts` (a list of strings) and any other `inputs`, as NumPy arrays."""
@@ -85,12 +99,29 @@ class LiteRTModel:
     def translate(self, texts, batch_size=32):
         """Python strings in, translations out, in batches."""
         self._require("translation", "translate")
+        _checked_texts(texts)  # the whole request, before any batch of it runs
         return [text.decode("utf-8") for batch in _batches(texts, batch_size)
                 for text in self.run(batch)["translation"]]
+
+    def classify(self, texts, batch_size=32):
+        """`[(label, its probability)]`, one per text (as `keras-transformer classify` prints them)."""
+        self._require("classification", "classify")
+        _checked_texts(texts)
+        results = []
+        for batch in _batches(texts, batch_size):
+            outputs = self.run(batch)
+            results.extend((label.decode("utf-8"), float(row.max()))
+                           for label, row in zip(outputs["label"], outputs["probabilities"]))
+        return results
 
     def _require(self, kind, command):
         if self.kind != kind:
             raise ValueError(f"{command} needs a {kind} export; this one holds a {self.kind}")
+
+
+# What the runtimes print while they start: TensorFlow's C++ library's logger preamble and INFO lines
+# as it loads, and LiteRT's "INFO: Created TensorFlow Lite XNNPACK delegate for CPU."
+_START_UP_NOISE = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\)|[IWE]\d{4} |INFO: )")
 
 
 def _checked_texts(texts):

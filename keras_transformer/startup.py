@@ -13,6 +13,7 @@ This module imports only the standard library: the package's `__init__`
 uses it before TensorFlow is loaded.
 """
 
+import contextlib
 import importlib
 import logging
 import os
@@ -40,6 +41,29 @@ def is_an_example():
     return bool(script) and Path(script).resolve().parent == EXAMPLES_DIRECTORY
 
 
+@contextlib.contextmanager
+def start_up_lines_dropped(noise):
+    """Run the block with the lines matching `noise` that it writes to stderr dropped; the others are passed on.
+
+    Native libraries write to the stderr file descriptor, not to
+    `sys.stderr`: the descriptor is pointed at a file for the block, and what
+    it caught is read back after.
+    """
+    sys.stderr.flush()
+    saved_stderr = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved_stderr, 2)
+            os.close(saved_stderr)
+            captured.seek(0)
+            for line in captured.read().decode("utf-8", errors="replace").splitlines():
+                if not noise.match(line):
+                    print(line, file=sys.stderr)
+
+
 def start_tensorflow_quietly():
     """Import TensorFlow with no start-up chatter on the console, unless the user asked for its logs.
 
@@ -55,24 +79,13 @@ def start_tensorflow_quietly():
     # 3 unless the user chose: not even ERROR lines, which on a machine without
     # a GPU include "failed call to cuInit"; a real failure still surfaces as an exception.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    sys.stderr.flush()
-    saved_stderr = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            for module in ("tensorflow", "keras", "tensorflow_text"):
-                importlib.import_module(module)
-            # The first look for devices logs "failed call to cuInit" on a machine without a GPU,
-            # at ERROR, which levels 1 and 2 let through: it happens here, where it is caught.
-            # Physical devices only: the logical ones (a CPU split into replicas) are still to configure.
-            sys.modules["tensorflow"].config.list_physical_devices()
-        finally:
-            os.dup2(saved_stderr, 2)
-            os.close(saved_stderr)
-        captured.seek(0)
-        for line in captured.read().decode("utf-8", errors="replace").splitlines():
-            if not _START_UP_NOISE.match(line):
-                print(line, file=sys.stderr)
+    with start_up_lines_dropped(_START_UP_NOISE):
+        for module in ("tensorflow", "keras", "tensorflow_text"):
+            importlib.import_module(module)
+        # The first look for devices logs "failed call to cuInit" on a machine without a GPU,
+        # at ERROR, which levels 1 and 2 let through: it happens here, where it is caught.
+        # Physical devices only: the logical ones (a CPU split into replicas) are still to configure.
+        sys.modules["tensorflow"].config.list_physical_devices()
     # TensorFlow's Python side logs at INFO what a user did not ask about
     # ("Assets written to: ..." when saving); warnings still show.
     logging.getLogger("tensorflow").setLevel(logging.WARNING)

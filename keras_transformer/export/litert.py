@@ -152,6 +152,37 @@ class LiteRTTranslation(LiteRTService):
         }
 
 
+class LiteRTClassification(LiteRTService):
+    """A text classifier in LiteRT's ops: `classify(text) -> {"label", "label_id", "probabilities"}`.
+
+    As the SavedModel's `serving_default` (`export.classifier`): [CLS] and the
+    text's pieces, cut to `max_length`, through the encoder, the pooling and
+    the head.
+    """
+
+    def __init__(self, model, tokenizer, max_length, labels):
+        self.model, self.max_length, self.labels = model, max_length, list(labels)
+        self.source = LiteRTTokenizer(tokenizer, max_length)
+        self.cls_id = tokenizer.vocab.index("[CLS]")
+        super().__init__(model, {"classify": (self.classify, [TEXT])})
+
+    def classify(self, text):
+        pieces = self.source.pieces(text)
+        lengths = tf.minimum(tf.cast(pieces.row_lengths(), tf.int32) + 1, self.max_length)
+        width = tf.reduce_max(tf.concat([lengths, [1]], axis=0))  # [CLS] alone for an empty text
+        inside = tf.pad(dense_rows(pieces, width), [[0, 0], [1, 0]])[:, :width]  # column j: piece j - 1
+        columns = tf.range(width)[None, :]
+        ids = tf.where(columns == 0, self.cls_id, tf.where(columns < lengths[:, None], inside, 0))
+        logits = tf.cast(self.model.head(self.model.embed(ids, training=False), training=False), tf.float32)
+        label_id = tf.argmax(logits, axis=-1, output_type=tf.int32)
+        return {"label": tf.gather(tf.constant(self.labels), label_id), "label_id": label_id,
+                "probabilities": tf.nn.softmax(logits, axis=-1)}
+
+    def settings(self):
+        return {"kind": "classification", "labels": self.labels, "max_length": self.max_length,
+                "lowercase": self.source.tokenizer.lower_case, "max_bytes": self.source.max_bytes}
+
+
 def convert(service, quantization=None):
     """The LiteRT file (bytes) of `service`'s signatures: builtin operators and tensorflow-text's only."""
     if quantization is not None and quantization not in QUANTIZATIONS:
@@ -209,6 +240,9 @@ def export_litert(service, out_dir, quantization=None):
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     partial = tempfile.mkdtemp(prefix=".litert-", dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(partial, 0o777 & ~umask)  # as os.makedirs would have made it, not mkdtemp's owner-only
     try:
         with open(os.path.join(partial, MODEL_FILE), "wb") as file:
             file.write(model)

@@ -236,6 +236,20 @@ def export(run_dir, export_base, version=None):
     )
 
 
+def export_litert(run_dir, out_dir, quantization=None):
+    """Write the run's classifier as a LiteRT file in the new directory `out_dir` (`export.litert`); returns it."""
+    from keras_transformer.export import litert
+
+    if quantization is not None and quantization not in litert.QUANTIZATIONS:
+        raise ValueError(f"--quantization for LiteRT must be one of {litert.QUANTIZATIONS} (or none), got {quantization!r}")
+    if os.path.exists(out_dir):
+        raise FileExistsError(f"{out_dir} already exists: pick another directory or remove it first")
+    classifier = Classifier(run_dir)
+    service = litert.LiteRTClassification(classifier.model, classifier.tokenizer, classifier.max_length,
+                                          classifier.class_names)
+    return litert.export_litert(service, out_dir, quantization)
+
+
 __all__ = [
     "Classifier",
     "build_model",

@@ -512,6 +512,21 @@ def export_ctranslate2(run_dir, out_dir, quantization=None, beam_size=None, leng
     return export_to(translator, out_dir, quantization=quantization)
 
 
+def export_litert(run_dir, out_dir, quantization=None, beam_size=None, length_alpha=None, max_output_length=None):
+    """Write the run's translator as a LiteRT file in the new directory `out_dir` (`export.litert`); returns it."""
+    from keras_transformer.export import litert
+
+    # What can be refused is refused before the model is loaded.
+    if quantization is not None and quantization not in litert.QUANTIZATIONS:
+        raise ValueError(f"--quantization for LiteRT must be one of {litert.QUANTIZATIONS} (or none), got {quantization!r}")
+    if os.path.exists(out_dir):
+        raise FileExistsError(f"{out_dir} already exists: pick another directory or remove it first")
+    translator = load_translator(
+        run_dir, beam_size=beam_size, length_alpha=length_alpha, max_output_length=max_output_length
+    )
+    return litert.export_litert(litert.LiteRTTranslation(translator), out_dir, quantization)
+
+
 def translate_with_ctranslate2(model_dir, sentences, beam_size=None):
     """Translate with a CTranslate2 export (`export --format ctranslate2`)."""
     from keras_transformer.export.ctranslate2 import CTranslate2Translator

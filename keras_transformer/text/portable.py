@@ -115,9 +115,9 @@ def lowercase_utf8(texts, table, max_bytes):
     columns = tf.range(max_bytes)[None, :]
     starts = well_formed & (columns + length <= lengths[:, None])
 
-    table = tf.constant(table, tf.int32)
+    table = tf.constant(table, tf.int16)  # half the size in the file; its values fit (0..256)
     in_table = starts & (point < tf.shape(table)[0])
-    lowered = tf.gather(table, tf.where(in_table, point, 0))  # (batch, max_bytes, 4)
+    lowered = tf.cast(tf.gather(table, tf.where(in_table, point, 0)), tf.int32)  # (batch, max_bytes, 4)
     as_it_came = tf.concat([values[..., None], tf.fill(tf.concat([tf.shape(values), [_SLOTS - 1]], 0), _NOTHING)],
                            axis=-1)
     # A position inside a character (of the table's) that started 1, 2 or 3 bytes before writes nothing.

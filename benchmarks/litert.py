@@ -1,0 +1,118 @@
+"""On-device translation: the LiteRT file against our SavedModel and CTranslate2, text in and text out.
+
+    python benchmarks/litert.py RUN_DIR [--sentences 128] [--threads 2]
+
+Exports the run (a trained translation run: the demo's, or the Multi30k
+recipe's) as a SavedModel, a CTranslate2 int8 model and LiteRT files
+(float32, int8), greedy and beam 4, then runs each in a fresh process, one
+at a time, on the same threads: load, the first translation, then the
+first `--sentences` validation sentences at batch 1 (a phone translates a
+sentence at a time) and at batch 32, each timed over two rounds (the
+faster kept). Prints one JSON line per road with sentences/s, peak RSS,
+seconds to the first translation, file size and BLEU against the
+references; BENCHMARKS.md has the figures and the CPU they came from.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+# One road, in its own process: argv = road, path, threads, sentences file.
+_ROAD = r"""
+import json, resource, sys, time
+road, path, threads, sentences_file = sys.argv[1:5]
+threads = int(threads)
+texts = open(sentences_file, encoding="utf-8").read().split("\n")
+started = time.perf_counter()
+if road.startswith("litert"):
+    sys.argv = ["keras-transformer"]  # as the command starts: no TensorFlow
+    from keras_transformer.on_device import LiteRTModel
+    model = LiteRTModel(path, num_threads=threads)
+    translate = model.translate
+elif road.startswith("ctranslate2"):
+    from keras_transformer.export.ctranslate2 import CTranslate2Translator
+    model = CTranslate2Translator(path, inter_threads=1, intra_threads=threads)
+    beam = 4 if road.endswith("beam4") else 1
+    translate = lambda batch, batch_size=32: model.translate(batch, beam_size=beam)
+else:
+    import tensorflow as tf
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    import tensorflow_text  # noqa: F401
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+    translate = lambda batch, batch_size=32: [t.decode() for t in serve(text=tf.constant(batch))["translation"].numpy()]
+loaded = time.perf_counter()
+translate(texts[:1])
+first = time.perf_counter()
+def rate(batch_size):
+    best = None
+    for _ in range(2):
+        start = time.perf_counter()
+        out = [t for i in range(0, len(texts), batch_size) for t in translate(texts[i:i + batch_size])]
+        seconds = time.perf_counter() - start
+        best = seconds if best is None else min(best, seconds)
+    return len(texts) / best, out
+batch1, _ = rate(1)
+batch32, translations = rate(32)
+print(json.dumps({"load_s": round(loaded - started, 2), "first_s": round(first - loaded, 3),
+                  "batch1": round(batch1, 2), "batch32": round(batch32, 2),
+                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+                  "translations": translations, "tensorflow_imported": "tensorflow" in sys.modules}))
+"""
+
+
+def _size(path):
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("run_dir")
+    parser.add_argument("--sentences", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    arguments = parser.parse_args()
+
+    import sacrebleu
+
+    from keras_transformer.runs import translation
+
+    config = translation.load_config(arguments.run_dir)
+    pairs = translation.load_pairs(config["data"], ("val",))["val"][: arguments.sentences]
+    with tempfile.TemporaryDirectory() as directory:
+        sentences_file = os.path.join(directory, "sentences.txt")
+        with open(sentences_file, "w", encoding="utf-8") as file:
+            file.write("\n".join(source for source, _ in pairs))
+        roads = {}
+        for beam in (1, 4):
+            name = f"beam{beam}"
+            roads[f"saved_model_{name}"] = translation.export(arguments.run_dir, os.path.join(directory, f"sm{beam}"),
+                                                              beam_size=beam)
+            for quantization in (None, "int8"):
+                path = os.path.join(directory, f"litert{beam}{quantization or ''}")
+                translation.export_litert(arguments.run_dir, path, quantization=quantization, beam_size=beam)
+                roads[f"litert_{quantization or 'float32'}_{name}"] = path
+        ct2 = translation.export_ctranslate2(arguments.run_dir, os.path.join(directory, "ct2"), quantization="int8")
+        roads["ctranslate2_int8_beam1"] = roads["ctranslate2_int8_beam4"] = ct2
+        references = [target for _, target in pairs]
+        for road, path in roads.items():
+            result = subprocess.run([sys.executable, "-c", _ROAD, road, path, str(arguments.threads), sentences_file],
+                                    capture_output=True, text=True, check=True)
+            row = json.loads(result.stdout.splitlines()[-1])
+            translations = row.pop("translations")
+            size_path = os.path.join(path, "model.tflite") if road.startswith("litert") else path
+            if road.startswith("saved_model"):
+                size_path = os.path.join(path, "variables")
+            row.update(road=road, bytes=_size(size_path),
+                       bleu=round(sacrebleu.corpus_bleu(translations, [references]).score, 2))
+            print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""On-device exports: a run as one LiteRT file, run by the LiteRT interpreter as it is, with no TensorFlow op in it."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import built_once
+from helpers import ENV, cli
+
+from keras_transformer.data import demo_corpus
+from keras_transformer.export import litert
+from keras_transformer.on_device import LiteRTModel
+from keras_transformer.runs import classification, translation
+from keras_transformer.text import WordPieceTokenizer
+
+# The demo run's validation sentences, and what a phone's user may type beside them.
+SENTENCES = [source for source, _ in demo_corpus()["val"][:40]] + [
+    "", "The dog, the cat (and the bird) sleep!", "Tōkyō 東京 2024 🙂 café", "the " * 120,
+]
+# The tokenizer test sentences: accents, digits, CJK, emoji, case, punctuation, empty, over-long.
+TOKENIZER_SENTENCES = [
+    "Ein Mann fährt Fahrrad.", "Zwei junge MÄNNER spielen Fußball im Park.", "Eine Frau (mit Hut) liest, oder?",
+    "A man in a T-shirt isn't riding the dog's bike.", "ÉNORME Succès: İstanbul ΑΒΓ Ωμέγα 42 km/h",
+    "東京タワー 🙂 emoji", "", " ", "x" * 300, "word " * 200,
+]
+
+
+@pytest.fixture(scope="session")
+def litert_exports(trained_demo_run, tmp_path_factory):
+    """The demo run exported once per session: float32 greedy and beam 4, int8 and float16 greedy."""
+    run, _ = trained_demo_run
+
+    def export(directory):
+        for name, beam_size, quantization in (("greedy", 1, None), ("beam", 4, None), ("int8", 1, "int8"),
+                                              ("float16", 1, "float16")):
+            translation.export_litert(str(run), str(directory / name), quantization=quantization, beam_size=beam_size)
+        return {}
+
+    directory, _ = built_once(tmp_path_factory, "litert", export)
+    return run, Path(directory)
+
+
+def test_float32_greedy_translates_token_for_token_as_the_run_and_beam_4_never_worse(litert_exports):
+    run, exports = litert_exports
+    for name, beam_size in (("greedy", 1), ("beam", 4)):
+        translator = translation.load_translator(str(run), beam_size=beam_size)
+        expected = translator(tf.constant(SENTENCES))
+        on_device = LiteRTModel(exports / name).run(SENTENCES)
+        ours = [text.decode() for text in expected["translation"].numpy()]
+        theirs = [text.decode() for text in on_device["translation"]]
+        same = sum(a == b for a, b in zip(ours, theirs))
+        if beam_size == 1:
+            assert theirs == ours
+        else:
+            assert same >= 0.97 * len(SENTENCES), list(zip(ours, theirs))
+        # Where they differ, the file's hypothesis scores at least as well (rounding aside).
+        assert np.all(on_device["score"] >= expected["score"].numpy() - 1e-4)
+        assert theirs[SENTENCES.index("")] == ""
+
+
+def test_quantized_files_are_smaller_and_translate(litert_exports):
+    run, exports = litert_exports
+    sizes = {name: (exports / name / litert.MODEL_FILE).stat().st_size for name in ("greedy", "int8", "float16")}
+    assert sizes["int8"] < sizes["float16"] < sizes["greedy"], sizes
+    reference = LiteRTModel(exports / "greedy").translate(SENTENCES[:20])
+    for name in ("int8", "float16"):
+        model = LiteRTModel(exports / name)
+        assert model.settings["quantization"] == name
+        translated = model.translate(SENTENCES[:20])
+        assert all(translated) and sum(a == b for a, b in zip(translated, reference)) >= 12, (name, translated)
+
+
+def test_the_files_hold_builtin_operators_and_tensorflow_texts_only(litert_exports):
+    _, exports = litert_exports
+    for name in ("greedy", "beam", "int8", "float16"):
+        names = litert.operators((exports / name / litert.MODEL_FILE).read_bytes())
+        assert "WHILE" in names and "DYNAMIC_UPDATE_SLICE" in names
+        assert not [op for op in names if op.startswith("Flex")], names
+        custom = {op for op in names if op.upper() != op}
+        assert custom <= litert.TEXT_OPERATORS, custom
+        assert json.loads((exports / name / litert.SETTINGS_FILE).read_text())["operators"] == names
+
+
+def test_a_file_that_would_need_tensorflow_ops_is_refused_and_nothing_is_written(tmp_path):
+    class NeedsFlex(litert.LiteRTService):
+        def __init__(self):
+            model = tf.keras.layers.Dense(1)  # any variables at all
+            model.build((None, 1))
+            super().__init__(model, {"shout": (self.shout, [litert.TEXT])})
+
+        def shout(self, text):  # regex_replace: a TensorFlow op, Flex only
+            return {"text": tf.strings.regex_replace(text, "a", "A")}
+
+        def settings(self):
+            return {"kind": "test"}
+
+    with pytest.raises(Exception, match="RegexReplace|regex"):
+        litert.export_litert(NeedsFlex(), str(tmp_path / "out"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_malformed_requests_are_answered_or_refused_in_one_line_and_the_interpreter_serves_on(litert_exports):
+    _, exports = litert_exports
+    model = LiteRTModel(exports / "greedy")
+    expected = model.translate(["The dog runs."])
+    assert model.translate([]) == []
+    long_text = model.translate(["The dog runs. " * 700])  # 10,000 characters: cut as the SavedModel cuts
+    assert len(long_text) == 1 and isinstance(long_text[0], str)
+    assert len(model.translate([b"The dog \xff\xfe runs."])) == 1  # invalid UTF-8: replaced
+    for bad, message in ((42, "list of strings"), ("The dog runs.", "list of strings"),
+                         ([["nested"]], "list of strings"), ([1.5], "list of strings")):
+        with pytest.raises(ValueError, match=message) as refused:
+            model.translate(bad)
+        assert "\n" not in str(refused.value)
+    assert model.translate(["The dog runs."]) == expected
+
+
+def test_the_command_line_exports_translates_without_tensorflow_and_refuses_an_existing_directory(litert_exports,
+                                                                                                   tmp_path):
+    run, exports = litert_exports
+    command = Path(sys.executable).with_name("keras-transformer")
+    result = subprocess.run([str(command), "translate", "--litert", str(exports / "greedy"), *SENTENCES[:3]],
+                            capture_output=True, text=True, env=ENV, timeout=300, check=True)
+    assert result.stdout.splitlines() == LiteRTModel(exports / "greedy").translate(SENTENCES[:3])
+    assert result.stderr == ""
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.argv = ['keras-transformer']; from keras_transformer import cli; "
+         f"cli.main(['translate', '--litert', {str(exports / 'greedy')!r}, 'A dog.']); "
+         "print('tensorflow' in sys.modules)"],
+        capture_output=True, text=True, env=ENV, timeout=300, check=True)
+    assert probe.stdout.splitlines()[-1] == "False"
+    refused = cli("export", run, exports / "greedy", "--format", "litert", check=False)
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines()[-1].startswith("keras-transformer: error: ") and "already exists" in refused.stderr
+    refused = cli("export", run, tmp_path / "new", "--format", "litert", "--quantization", "bfloat16", check=False)
+    assert refused.returncode == 2 and "must be one of" in refused.stderr and not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("lower_case", [False, True])
+def test_the_portable_tokenizer_segments_as_ours(lower_case):
+    tokenizer = WordPieceTokenizer.learn(TOKENIZER_SENTENCES * 3, vocab_size=200, lower_case=lower_case)
+    max_length = 24
+    portable = litert.LiteRTTokenizer(tokenizer, max_length).framed(tf.constant(TOKENIZER_SENTENCES)).numpy()
+    ours = tokenizer.tokenize(TOKENIZER_SENTENCES).to_tensor().numpy()[:, :max_length]
+    ours[np.count_nonzero(ours, axis=1) >= max_length, max_length - 1] = tokenizer.end_id  # cut keeping [END]
+    assert portable.tolist() == ours[:, : portable.shape[1]].tolist()
+    assert not ours[:, portable.shape[1]:].any()
+
+
+@pytest.fixture(scope="session")
+def classifier_exports(tmp_path_factory):
+    """A tiny lowercasing classifier trained on labelled reviews, and its LiteRT export (float32)."""
+
+    def train(directory):
+        from test_classifier_run import write_reviews
+
+        write_reviews(directory / "reviews.csv", 400, seed=0)
+        cli("train-classifier", "--dataset", f"csv:{directory / 'reviews.csv'}", "--out", directory / "run",
+            "--epochs", 1, "--vocab-size", 80, "--num-layers", 1, "--d-model", 16, "--num-heads", 2, "--d-ff", 32,
+            "--max-length", 16, "--projector-samples", 10)
+        classification.export_litert(str(directory / "run"), str(directory / "litert"))
+        return {}
+
+    directory, _ = built_once(tmp_path_factory, "litert-classifier", train)
+    return Path(directory)
+
+
+def test_the_classifier_file_gives_the_runs_probabilities(classifier_exports):
+    texts = ["The FILM was Great.", "awful, boring ACTORS", "", "Ünïcode İstanbul ÉNORME " * 10, "x"]
+    classifier = classification.Classifier(str(classifier_exports / "run"))
+    assert classifier.tokenizer.lower_case
+    expected = classifier.probabilities(texts)
+    model = LiteRTModel(classifier_exports / "litert")
+    on_device = model.run(texts)
+    np.testing.assert_allclose(on_device["probabilities"], expected, atol=1e-4)
+    assert [label for label, _ in model.classify(texts)] == [label for label, _ in classifier.classify(texts)]
+    with pytest.raises(ValueError, match="needs a translation export"):
+        model.translate(["a"])
+    assert os.path.getsize(classifier_exports / "litert" / litert.MODEL_FILE) > 0
