@@ -152,6 +152,30 @@ def trained_demo_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def trained_bfloat16_demo_run(tmp_path_factory):
+    """A tiny translator trained on the demo corpus in mixed bfloat16, once per session.
+
+    What `--precision auto` picks on a CPU with native bfloat16 (on another,
+    bfloat16 is emulated: slower, the same numbers). Two layers of width 64,
+    100 steps: enough for translations that differ from sentence to sentence.
+    Read-only. Returns the run directory.
+    """
+
+    def train(directory):
+        from helpers import cli_here
+
+        cli_here(
+            "train", "--dataset", "demo", "--out", directory / "demo-bf16", "--epochs", 1, "--steps-per-epoch", 100,
+            "--warmup-steps", 60, "--limit-train", 3000, "--limit-val", 20, "--num-layers", 2, "--d-model", 64,
+            "--num-heads", 2, "--d-ff", 128, "--attention-samples", 0, "--precision", "mixed_bfloat16",
+        )
+        return None
+
+    directory, _ = built_once(tmp_path_factory, "demo-bfloat16", train)
+    return Path(directory) / "demo-bf16"
+
+
+@pytest.fixture(scope="session")
 def trained_language_model_run(tmp_path_factory):
     """A tiny language model trained by `train-lm` on the demo corpus's English side, once per session.
 

@@ -113,3 +113,45 @@ def test_an_overflowing_step_is_skipped_and_leaves_no_nan(mirrored_strategy):
     assert float(keras.ops.convert_to_numpy(model.optimizer.dynamic_scale)) < 2.0**30
     assert int(keras.ops.convert_to_numpy(model.optimizer.inner_optimizer.iterations)) > 0
     assert all(np.all(np.isfinite(weight)) for weight in model.get_weights())
+
+
+# -- inference computes in float32 by default -----------------------------------
+
+
+def test_a_mixed_bfloat16_model_is_loaded_for_inference_in_float32(tmp_path):
+    """`run_dir.load_trained_model`: model.keras, or the best checkpoint, in float32 unless asked otherwise."""
+    from keras_transformer import saving
+    from keras_transformer.runs import run_dir
+
+    keras.config.set_dtype_policy("mixed_bfloat16")  # as in the process that trained it
+    trained = kt.models.Transformer(**SMALL)
+    trained.build(((None, None), (None, None)))
+    saving.save_model(trained, str(tmp_path / run_dir.MODEL))
+    (tmp_path / "checkpoints").mkdir()
+    trained.save_weights(str(tmp_path / run_dir.BEST_CHECKPOINT))
+
+    def build():
+        model = kt.models.Transformer(**SMALL)
+        model.build(((None, None), (None, None)))
+        return model
+
+    inputs = copy_batches(1)[0]
+    loaded = run_dir.load_trained_model(tmp_path, build)
+    assert {layer.compute_dtype for layer in loaded._flatten_layers()} == {"float32"}
+    for ours, saved in zip(loaded.weights, trained.weights):
+        assert ours.path == saved.path
+        np.testing.assert_array_equal(ours.numpy(), saved.numpy())
+    float32_logits = keras.ops.convert_to_numpy(loaded(inputs))
+    assert float32_logits.dtype == np.float32
+    as_saved = run_dir.load_trained_model(tmp_path, build, precision=None)
+    assert as_saved.compute_dtype == "bfloat16"
+    # bfloat16 keeps 8 bits of mantissa: the same model, roughly the same logits.
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(as_saved(inputs)).astype("float32"), float32_logits, atol=0.1)
+
+    # A run still training (no model.keras yet): its checkpoint, in a model built in float32.
+    (tmp_path / run_dir.MODEL).unlink()
+    from_checkpoint = run_dir.load_trained_model(tmp_path, build)
+    assert from_checkpoint.compute_dtype == "float32" and keras.config.dtype_policy().name == "mixed_bfloat16"
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(from_checkpoint(inputs)), float32_logits, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="precision must be one of"):
+        run_dir.load_trained_model(tmp_path, build, precision="float8")
