@@ -133,8 +133,9 @@ def _add_train_lm_command(commands):
 
 def _add_generate_command(commands):
     generate = commands.add_parser("generate", help="continue prompts with a language model run's sampled text")
-    generate.add_argument("run_dir")
+    generate.add_argument("run_dir", nargs="?", help="the run directory (omit with --litert)")
     generate.add_argument("prompts", nargs="*", help="the prompts (default: stdin, one a line)")
+    generate.add_argument("--litert", metavar="DIR", help="generate with a LiteRT export (export --format litert)")
     generate.add_argument("--temperature", type=float, help="0: greedy; default the run's (1.0)")
     generate.add_argument("--top-k", type=int, help="draw among the K most probable tokens only")
     generate.add_argument("--top-p", type=float, help="draw among the most probable tokens that add up to P")
@@ -391,6 +392,17 @@ def _train_language_model(arguments):
 
 
 def _generate(arguments):
+    settings = dict(seed=arguments.seed, temperature=arguments.temperature, top_k=arguments.top_k,
+                    top_p=arguments.top_p, max_new_tokens=arguments.max_new_tokens)
+    if arguments.litert:
+        from keras_transformer.on_device import LiteRTModel
+
+        prompts = ([arguments.run_dir] if arguments.run_dir else []) + arguments.prompts
+        for generated in LiteRTModel(arguments.litert).generate(prompts or _lines_from_stdin(), **settings):
+            print(generated)
+        return
+    if not arguments.run_dir:
+        raise ValueError("generate needs a run directory or --litert DIR")
     from keras_transformer.runs import language_model
 
     _task_of(arguments.run_dir, "generate", (options.LANGUAGE_MODEL,))

@@ -114,6 +114,27 @@ class LiteRTModel:
                            for label, row in zip(outputs["label"], outputs["probabilities"]))
         return results
 
+    def generate(self, prompts, seed=0, temperature=None, top_k=None, top_p=None, max_new_tokens=None):
+        """Each prompt continued: the whole texts, as `keras-transformer generate` prints them.
+
+        Settings default to the export's (`litert.json`); `seed` makes the
+        draws repeat. A setting out of range is refused in one line.
+        """
+        self._require("language_model", "generate")
+        _checked_texts(prompts)
+        settings = {name: self.settings[name] if value is None else value for name, value in
+                    (("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
+                     ("max_new_tokens", max_new_tokens))}
+        problem = _setting_problem(settings, self.settings["max_length"])
+        if problem:
+            raise ValueError(problem)
+        runner = self.interpreter.get_signature_runner("generate")
+        inputs = {"seed": np.int32(seed), "temperature": np.float32(settings["temperature"]),
+                  "top_k": np.int32(settings["top_k"]), "top_p": np.float32(settings["top_p"]),
+                  "max_new_tokens": np.int32(settings["max_new_tokens"])}
+        return [text.decode("utf-8") for batch in _batches(prompts, 32)
+                for text in runner(text=_checked_texts(batch), **inputs)["text"]]
+
     def _require(self, kind, command):
         if self.kind != kind:
             raise ValueError(f"{command} needs a {kind} export; this one holds a {self.kind}")
@@ -122,6 +143,19 @@ class LiteRTModel:
 # What the runtimes print while they start: TensorFlow's C++ library's logger preamble and INFO lines
 # as it loads, and LiteRT's "INFO: Created TensorFlow Lite XNNPACK delegate for CPU."
 _START_UP_NOISE = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\)|[IWE]\d{4} |INFO: )")
+
+
+def _setting_problem(settings, max_length):
+    """What is wrong with sampling `settings` (the rules of `inference.generator.settings_rules`), or None."""
+    if not settings["temperature"] >= 0:
+        return "temperature must be >= 0"
+    if settings["top_k"] < 0:
+        return "top_k must be >= 0 (0: no limit)"
+    if not 0 < settings["top_p"] <= 1:
+        return "top_p must be in (0, 1] (1: no limit)"
+    if not 1 <= settings["max_new_tokens"] < max_length:
+        return f"max_new_tokens must be in [1, {max_length - 1}] (below the model's max_length {max_length})"
+    return None
 
 
 def _checked_texts(texts):

@@ -182,3 +182,68 @@ def test_the_classifier_file_gives_the_runs_probabilities(classifier_exports):
     with pytest.raises(ValueError, match="needs a translation export"):
         model.translate(["a"])
     assert os.path.getsize(classifier_exports / "litert" / litert.MODEL_FILE) > 0
+
+
+@pytest.fixture(scope="session")
+def language_model_export(trained_language_model_run, tmp_path_factory):
+    run, _ = trained_language_model_run
+
+    def export(directory):
+        from keras_transformer.runs import language_model
+
+        language_model.export_litert(str(run), str(directory / "litert"))
+        return {}
+
+    directory, _ = built_once(tmp_path_factory, "litert-language-model", export)
+    return run, Path(directory) / "litert"
+
+
+def test_the_language_model_file_continues_as_the_run_does(language_model_export):
+    from keras_transformer.runs import language_model
+
+    run, export = language_model_export
+    prompts = ["A dog", "The young cat sees", "", "Today"]
+    model = LiteRTModel(export)
+    for settings in (dict(temperature=0), dict(seed=3), dict(seed=4, top_k=5, temperature=0.8),
+                     dict(seed=5, top_p=0.9, max_new_tokens=6)):
+        expected = language_model.generate(str(run), prompts, **settings)
+        assert model.generate(prompts, **settings) == expected, settings
+    assert model.generate(prompts, seed=7) == model.generate(prompts, seed=7) != model.generate(prompts, seed=8)
+    generator = language_model.load_generator(str(run))
+    expected = generator(tf.constant(prompts), seed=0)
+    on_device = model.run(prompts)  # serving_default: the export's settings, seed 0
+    for name in ("text", "continuation"):
+        assert [text.decode() for text in on_device[name]] == [text.decode() for text in expected[name].numpy()]
+    np.testing.assert_array_equal(on_device["new_tokens"], expected["new_tokens"].numpy())
+    for bad in (dict(top_p=1.5), dict(temperature=-1.0), dict(max_new_tokens=0)):
+        with pytest.raises(ValueError, match="must be"):
+            model.generate(prompts, **bad)
+    assert model.generate(["A dog"], temperature=0) == language_model.generate(str(run), ["A dog"], temperature=0)
+
+
+def test_keras_export_to_litert_gives_the_models_logits_with_builtin_operators(tmp_path):
+    """The Keras convention, `model.export(path, format="litert")`, on our three models: ids in, logits out."""
+    import keras
+    from ai_edge_litert.interpreter import Interpreter
+
+    import keras_transformer as kt
+
+    sizes = dict(num_layers=1, d_model=16, num_heads=2, d_ff=32, max_length=20)
+    ids = keras.InputSpec(shape=(None, None), dtype="int32")
+    source = np.array([[5, 6, 7, 0, 0], [8, 9, 10, 11, 12]], np.int32)
+    target = np.array([[1, 5, 6, 0], [1, 2, 3, 4]], np.int32)
+    models = {
+        "transformer": (kt.models.Transformer(src_vocab_size=50, tgt_vocab_size=50, **sizes), (source, target)),
+        "classifier": (kt.models.TransformerClassifier(vocab_size=50, num_classes=2, **sizes), (source,)),
+        "language_model": (kt.models.LanguageModel(vocab_size=50, **sizes), (source,)),
+    }
+    for name, (model, inputs) in models.items():
+        expected = np.asarray(model(inputs if len(inputs) > 1 else inputs[0]))
+        path = str(tmp_path / f"{name}.tflite")
+        model.export(path, format="litert", input_signature=[tuple([ids] * len(inputs)) if len(inputs) > 1 else ids])
+        with open(path, "rb") as file:
+            names = litert.operators(file.read())
+        assert not [op for op in names if op.startswith("Flex")], (name, names)
+        runner = Interpreter(model_path=path).get_signature_runner()
+        outputs = runner(**dict(zip(sorted(runner.get_input_details()), inputs)))
+        np.testing.assert_allclose(list(outputs.values())[0], expected, atol=1e-5, err_msg=name)

@@ -37,15 +37,17 @@ and returns `translation` (string `[batch]`) and `score` (float32 `[batch]`).
 """
 
 import json
+import logging
 import os
 import shutil
 import tempfile
 
 import tensorflow as tf
 
+from keras_transformer.inference.generator import framed_prompts
 from keras_transformer.layers.cached_attention import cache_writes_for_litert
 from keras_transformer.saving import write_json
-from keras_transformer.text import WordPieceTokenizer
+from keras_transformer.text import SentencePieceTokenizer, WordPieceTokenizer
 from keras_transformer.text.portable import dense_rows, lowercase_table, lowercase_utf8
 
 MODEL_FILE, SETTINGS_FILE = "model.tflite", "litert.json"
@@ -63,41 +65,148 @@ BYTES_PER_POSITION = 32
 
 
 class LiteRTTokenizer:
-    """A `WordPieceTokenizer`'s text -> ids in LiteRT's ops: `(batch, <= max_length)` framed ids, as the SavedModel's.
+    """A run's tokenizer as LiteRT's ops: text -> `(batch, <= max_length)` framed ids, as the SavedModel's.
+
+    A WordPiece vocabulary runs on the same `FastWordpieceTokenizer` kernel
+    as in TensorFlow (its lowercasing from a table). A checkpoint's
+    SentencePiece model runs on tensorflow-text's `FastSentencepieceTokenizer`,
+    LiteRT's kernel, which reimplements SentencePiece: its ids are mapped to
+    the checkpoint's through the piece each names, and its segmentation is
+    compared with the checkpoint's own on `PROBE_SENTENCES` before anything
+    is exported; a model it segments otherwise (the BPE models of M2M100 and
+    NLLB) is refused in one line, and so are the tokenizers that split text
+    with regular expressions (a multilingual Marian's `>>xx<<` codes, NLLB's
+    word-by-word segmentation).
 
     Args:
-        tokenizer: the run's `text.WordPieceTokenizer`.
+        tokenizer: the run's `text.WordPieceTokenizer` or `text.SentencePieceTokenizer`.
         max_length: ids per text at most ([START] ... [END], cut keeping [END]).
     """
 
     def __init__(self, tokenizer, max_length):
-        if not isinstance(tokenizer, WordPieceTokenizer):
-            raise ValueError(
-                "the LiteRT export runs WordPiece vocabularies; this run's tokenizer is "
-                f"{type(tokenizer).__name__} (an imported checkpoint's SentencePiece): export a SavedModel or "
-                "CTranslate2 model instead"
-            )
         self.tokenizer, self.max_length = tokenizer, max_length
         self.max_bytes = BYTES_PER_POSITION * max_length
-        self.lowercase = lowercase_table() if tokenizer.lower_case else None
+        self.lower_case = isinstance(tokenizer, WordPieceTokenizer) and tokenizer.lower_case
+        self.lowercase = lowercase_table() if self.lower_case else None
+        if isinstance(tokenizer, WordPieceTokenizer):
+            self.leading = [tokenizer.start_id]
+            self._segment = tokenizer.wordpiece.tokenize
+        elif isinstance(tokenizer, SentencePieceTokenizer):
+            self.leading = ([] if tokenizer.start_id is None else [tokenizer.start_id]) + tokenizer.prefix_ids
+            self._segment = _sentencepiece_segmenter(tokenizer)
+        else:
+            raise ValueError(f"the LiteRT export has no kernel for a {type(tokenizer).__name__}")
 
     def pieces(self, texts):
         """Ragged `(batch, None)` ids of the texts' pieces, unframed."""
         if self.lowercase is not None:
             texts = lowercase_utf8(texts, self.lowercase, self.max_bytes)
-        return self.tokenizer.wordpiece.tokenize(texts)
+        return self._segment(texts)
 
     def framed(self, texts):
-        """`(batch, width)` int32: [START] pieces [END], cut to `max_length` keeping [END], padded with 0."""
+        """`(batch, width)` int32: the leading ids, pieces and [END], cut to `max_length` keeping [END], 0 after."""
         pieces = self.pieces(texts)
-        lengths = tf.minimum(tf.cast(pieces.row_lengths(), tf.int32) + 2, self.max_length)
+        leading = len(self.leading)
+        lengths = tf.minimum(tf.cast(pieces.row_lengths(), tf.int32) + leading + 1, self.max_length)
         width = tf.reduce_max(tf.concat([lengths, [0]], axis=0))
-        inside = tf.pad(dense_rows(pieces, width), [[0, 0], [1, 0]])[:, :width]  # column j: piece j - 1
+        inside = tf.pad(dense_rows(pieces, width), [[0, 0], [leading, 0]])[:, :width]  # column j: piece j - leading
         columns = tf.range(width)[None, :]
-        tokenizer = self.tokenizer
-        return tf.where(columns == 0, tokenizer.start_id,
-                        tf.where(columns == lengths[:, None] - 1, tokenizer.end_id,
-                                 tf.where(columns < lengths[:, None], inside, tokenizer.pad_id)))
+        leading_ids = tf.gather(tf.constant(self.leading + [0], tf.int32), tf.minimum(columns, leading))
+        end = self.tokenizer.end_id
+        return tf.where(columns < leading, leading_ids,
+                        tf.where(columns == lengths[:, None] - 1, end, tf.where(columns < lengths[:, None], inside, 0)))
+
+
+# Sentences a SentencePiece model must segment as the checkpoint's tokenizer does for its LiteRT export.
+PROBE_SENTENCES = [
+    "Hello world.", "The dog's bike, isn't it?", "Ein Mann fährt Fahrrad (mit Hut).", "東京タワー 🙂 emoji",
+    "", "  two  spaces ", "ÉNORME Succès: 42 km/h, 3.5%!", "Zwei junge Männer spielen Fußball im Park.",
+    "x" * 300, "It's 10:30 - time to go… “quoted” ‘text’",
+]
+
+
+def _sentencepiece_segmenter(tokenizer):
+    """`texts -> ragged ids` of a `SentencePieceTokenizer`'s pieces with LiteRT's kernel, or a ValueError."""
+    import tensorflow_text as text
+
+    if tokenizer.settings.get("word_by_word"):
+        raise ValueError("the LiteRT export cannot run this checkpoint's tokenizer (text split at every space "
+                         "before SentencePiece): export a SavedModel or a CTranslate2 model instead")
+    fast = text.FastSentencepieceTokenizer(tokenizer.model)
+    # Each of the model's ids -> ours, through the piece it names; a control piece (<s>, </s>), which
+    # segmentation never yields but the fast kernel gives for characters it does not know, is <unk>.
+    slow = text.SentencepieceTokenizer(tokenizer.model)
+    spm_ids = tf.range(slow.vocab_size())
+    pieces = [piece.decode("utf-8") for piece in slow.id_to_string(spm_ids).numpy()]
+    alone = slow.detokenize(tf.reshape(spm_ids, [-1, 1])).numpy()
+    known = {piece: index for index, piece in enumerate(tokenizer.vocab) if index > 0}
+    ours = [tokenizer.unk_id if (not decoded and piece.strip("\u2581") and spm_id > 0) else
+            known.get(piece, tokenizer.unk_id) for spm_id, (piece, decoded) in enumerate(zip(pieces, alone))]
+    table = tf.constant(ours, tf.int32)
+    codes = [token for token in tokenizer.vocab if token.startswith(">>") and token.endswith("<<")]
+
+    def segment(texts):
+        if not tokenizer.settings.get("language_code_prefix"):
+            return tf.ragged.map_flat_values(tf.gather, table, fast.tokenize(texts))
+        code, rest = _language_code_split(texts)
+        code_ids = _code_ids(code, codes, tokenizer)
+        pieces = tf.ragged.map_flat_values(tf.gather, table, fast.tokenize(rest)).with_row_splits_dtype(tf.int64)
+        # The code's id, where there is one, as a column of its own: a where on the pieces' lengths, no mask.
+        longest = tf.reduce_max(tf.concat([tf.cast(pieces.row_lengths(), tf.int32), [0]], axis=0))
+        with_code = tf.concat([tf.where(code != "", code_ids, -1)[:, None], dense_rows(pieces, longest, padding=-1)],
+                              axis=1)
+        return _ragged_without(with_code, -1)
+
+    probes = tf.constant(PROBE_SENTENCES + [">>deu<< Hallo Welt.", ">>xx<<", ">> no code", "a >>fr<< b"])
+    expected = tokenizer.tokenize(probes, add_start_end=False).to_list()
+    for sentence, theirs, mine in zip(probes.numpy(), expected, segment(probes).to_list()):
+        if theirs != mine:
+            raise ValueError(f"LiteRT's SentencePiece kernel segments {sentence.decode()[:40]!r} otherwise than "
+                             "this checkpoint's tokenizer (a BPE model?): export a SavedModel or a CTranslate2 "
+                             "model instead")
+    return segment
+
+
+def _ragged_without(values, padding):
+    """`(batch, width)` -> ragged rows of the values that are not `padding`, in order (gathers only)."""
+    kept = values != padding
+    return tf.RaggedTensor.from_row_lengths(tf.boolean_mask(values, kept),
+                                            tf.reduce_sum(tf.cast(kept, tf.int64), axis=1))
+
+
+def _language_code_split(texts):
+    """`(codes, rests)`: a text that starts with ">>" and has "<<" after it splits after the first "<<" (else "", text).
+
+    The regular expression `^>>.*?<<` of the checkpoint's tokenizer, from the
+    text's bytes and tensorflow-text's split at byte offsets.
+    """
+    import tensorflow_text as text
+
+    split = text.ByteSplitter().split(texts)
+    lengths = tf.cast(split.row_lengths(), tf.int32)
+    width = tf.reduce_max(tf.concat([lengths, [2]], axis=0))
+    values = tf.cast(dense_rows(split, width + 1), tf.int32)  # a 0 after every text
+    following = tf.pad(values[:, 1:], [[0, 0], [0, 1]])
+    columns = tf.range(width + 1)[None, :]
+    closes = (values == ord("<")) & (following == ord("<")) & (columns >= 2)
+    starts_with_code = (values[:, 0] == ord(">")) & (values[:, 1] == ord(">")) & tf.reduce_any(closes, axis=1)
+    code_end = tf.where(starts_with_code, tf.argmax(tf.cast(closes, tf.int32), axis=1, output_type=tf.int32) + 2, 0)
+
+    def substrings(starts, ends):  # each text's bytes [start, end)
+        found = text.ByteSplitter().split_by_offsets(texts, starts[:, None], ends[:, None])
+        return tf.reshape(found.flat_values if isinstance(found, tf.RaggedTensor) else found, [-1])
+
+    return substrings(tf.zeros_like(code_end), code_end), substrings(code_end, lengths)
+
+
+def _code_ids(code, codes, tokenizer):
+    """Our id of each text's language code: the vocabulary's token equal to it, else <unk>."""
+    if not codes:
+        return tf.fill(tf.shape(code), tokenizer.unk_id)
+    matches = tf.equal(code[:, None], tf.constant(codes)[None, :])
+    ids = tf.gather(tf.constant([tokenizer.id_of(token) for token in codes], tf.int32),
+                    tf.argmax(tf.cast(matches, tf.int32), axis=1, output_type=tf.int32))
+    return tf.where(tf.reduce_any(matches, axis=1), ids, tokenizer.unk_id)
 
 
 TEXT = tf.TensorSpec([None], tf.string, name="text")
@@ -148,7 +257,7 @@ class LiteRTTranslation(LiteRTService):
             "kind": "translation", "beam_size": translator.beam_size, "length_alpha": translator.length_alpha,
             "max_extra_length": translator.max_extra_length, "max_output_length": translator.max_output_length,
             "max_source_length": translator.model.max_length,
-            "lowercase": translator.source_tokenizer.lower_case, "max_bytes": self.source.max_bytes,
+            "lowercase": self.source.lower_case, "max_bytes": self.source.max_bytes,
         }
 
 
@@ -180,7 +289,53 @@ class LiteRTClassification(LiteRTService):
 
     def settings(self):
         return {"kind": "classification", "labels": self.labels, "max_length": self.max_length,
-                "lowercase": self.source.tokenizer.lower_case, "max_bytes": self.source.max_bytes}
+                "lowercase": self.source.lower_case, "max_bytes": self.source.max_bytes}
+
+
+class LiteRTGeneration(LiteRTService):
+    """A language model in LiteRT's ops, around an `inference.Generator`: prompts in, text out.
+
+    Signatures, as the SavedModel's (`export.language_model`), with the
+    outputs `text`, `continuation` (string `[batch]`) and `new_tokens` (int32):
+    `serving_default` takes `text` and samples with the export's settings and
+    seed 0; `generate` also takes the scalars `seed` (int32), `temperature`,
+    `top_k`, `top_p` and `max_new_tokens`. A LiteRT file cannot refuse a
+    request, so settings out of range are brought into it (a negative
+    temperature is greedy, `max_new_tokens` at most what the model has room
+    for); `keras_transformer.on_device` refuses them first.
+    """
+
+    SETTINGS = (("seed", tf.int32), ("temperature", tf.float32), ("top_k", tf.int32), ("top_p", tf.float32),
+                ("max_new_tokens", tf.int32))
+
+    def __init__(self, generator):
+        self.generator = generator
+        self.source = LiteRTTokenizer(generator.tokenizer, generator.model.max_length)
+        settings = [tf.TensorSpec([], dtype, name=name) for name, dtype in self.SETTINGS]
+        super().__init__(generator.model, {"generate_with_defaults": (self.generate_with_defaults, [TEXT]),
+                                           "generate": (self.generate, [TEXT, *settings])})
+
+    def generate_with_defaults(self, text):
+        defaults = self.generator.defaults
+        return self.generate(text, tf.constant(0), *(tf.constant(defaults[name], dtype)
+                                                     for name, dtype in self.SETTINGS[1:]))
+
+    def generate(self, text, seed, temperature, top_k, top_p, max_new_tokens):
+        generator, max_length = self.generator, self.generator.model.max_length
+        max_new_tokens = tf.clip_by_value(max_new_tokens, 1, max_length - 1)
+        top_p = tf.where((top_p > 0) & (top_p <= 1), top_p, 1.0)
+        prompts, prompt_lengths = framed_prompts(self.source.pieces(text), generator.tokenizer.start_id,
+                                                 max_length - max_new_tokens)
+        tokens, lengths = generator.sample(prompts, prompt_lengths, seed, tf.maximum(temperature, 0.0),
+                                           tf.maximum(top_k, 0), top_p, max_new_tokens)
+        # Padded to the model's length: the detokenizer's string join needs its width when traced.
+        tokens = tf.reshape(tf.pad(tokens, [[0, 0], [0, max_length - tf.shape(tokens)[1]]]), [-1, max_length])
+        outputs = generator.outputs(tokens, lengths, prompt_lengths)
+        return {name: outputs[name] for name in ("text", "continuation", "new_tokens")}
+
+    def settings(self):
+        return {"kind": "language_model", **self.generator.defaults, "max_length": self.generator.model.max_length,
+                "lowercase": self.source.lower_case, "max_bytes": self.source.max_bytes}
 
 
 def convert(service, quantization=None):
@@ -190,7 +345,13 @@ def convert(service, quantization=None):
     with tempfile.TemporaryDirectory() as directory:
         with cache_writes_for_litert():
             signatures = service.signatures()
-        tf.saved_model.save(service.root, directory, signatures=signatures)
+        # (Saving warns that tensorflow-text's inputs are renamed in the intermediate SavedModel: nothing to act on.)
+        quiet, tensorflow_logger = logging.getLogger("tensorflow"), logging.getLogger("tensorflow").level
+        quiet.setLevel(logging.ERROR)
+        try:
+            tf.saved_model.save(service.root, directory, signatures=signatures)
+        finally:
+            quiet.setLevel(tensorflow_logger)
         converter = tf.lite.TFLiteConverter.from_saved_model(directory, signature_keys=list(signatures))
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
         converter.allow_custom_ops = True  # tensorflow-text's kernels, checked by name below

@@ -13,6 +13,7 @@ settings may be tensors, which is how the export takes them per request.
 import tensorflow as tf
 
 from keras_transformer.inference.sampling import sample
+from keras_transformer.text.portable import dense_rows
 from keras_transformer.inference.steps import language_model_prefill, language_model_step
 
 
@@ -38,6 +39,24 @@ def check_settings(temperature, top_k, top_p, max_new_tokens, max_length):
         if not bool(condition):
             raise ValueError(f"{message}; got temperature={temperature}, top_k={top_k}, top_p={top_p}, "
                              f"max_new_tokens={max_new_tokens}")
+
+
+def framed_prompts(pieces, start_id, room):
+    """`(ids, lengths)`: [START] and each prompt's last `room - 1` pieces, `(batch, width)` int32 right-padded with 0.
+
+    `pieces`: ragged `(batch, None)` ids. Gathers only, no ragged op: a LiteRT
+    file frames its prompts with this too (`export.litert`).
+    """
+    piece_counts = tf.cast(pieces.row_lengths(), tf.int32)
+    kept = tf.minimum(piece_counts, room - 1)
+    width = tf.reduce_max(tf.concat([kept, [0]], axis=0)) + 1
+    padded = dense_rows(pieces, tf.reduce_max(tf.concat([piece_counts, [1]], axis=0)))
+    # Column j >= 1 holds piece (count - kept) + j - 1: the last ones are the ones the continuation follows.
+    columns = tf.range(width)[None, :]
+    source = tf.clip_by_value(piece_counts[:, None] - kept[:, None] + columns - 1, 0, tf.shape(padded)[1] - 1)
+    inside = tf.gather(padded, source, batch_dims=1)
+    ids = tf.where(columns == 0, start_id, tf.where(columns <= kept[:, None], inside, 0))
+    return ids, kept + 1
 
 
 class Generator(tf.Module):
@@ -80,60 +99,43 @@ class Generator(tf.Module):
 
     def prompt_ids(self, texts, max_new_tokens):
         """`(ids, lengths)`: `(batch, width)` int32 prompts, right-padded, each at most `max_length - max_new_tokens`."""
-        ids = self.tokenizer.tokenize(texts)[:, :-1]  # [START] pieces, no [END]
-        room = self.model.max_length - max_new_tokens
-        # The last pieces are the ones the continuation follows.
-        pieces = ids[:, 1:]
-        kept = tf.minimum(pieces.row_lengths(), tf.cast(room - 1, tf.int64))
-        starts = pieces.row_lengths() - kept
-        pieces = tf.RaggedTensor.from_row_lengths(
-            tf.gather(pieces.flat_values, tf.ragged.range(pieces.row_starts() + starts, pieces.row_limits()).flat_values),
-            kept,
-        )
-        start_column = tf.fill([pieces.nrows(), 1], self.tokenizer.start_id)
-        ids = tf.concat([start_column, pieces], axis=1)
-        return ids.to_tensor(), tf.cast(ids.row_lengths(), tf.int32)
+        return framed_prompts(self.tokenizer.tokenize(texts, add_start_end=False), self.tokenizer.start_id,
+                              self.model.max_length - max_new_tokens)
 
     def generate(self, texts, seed=0, temperature=None, top_k=None, top_p=None, max_new_tokens=None):
         settings = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "max_new_tokens": max_new_tokens}
         settings = {name: self.defaults[name] if value is None else value for name, value in settings.items()}
         if not any(tf.is_tensor(value) for value in settings.values()):  # tensors: the export checks them in the graph
             check_settings(**settings, max_length=self.model.max_length)
-        max_new_tokens = settings["max_new_tokens"]
-        prompts, prompt_lengths = self.prompt_ids(texts, max_new_tokens)
+        prompts, prompt_lengths = self.prompt_ids(texts, settings["max_new_tokens"])
+        tokens, lengths = self.sample(prompts, prompt_lengths, seed, **settings)
+        # The sampler's buffer has room for the longest allowed text; keep the columns used.
+        return self.outputs(tokens[:, : tf.reduce_max(tf.concat([lengths, [1]], axis=0))], lengths, prompt_lengths)
+
+    def sample(self, prompts, prompt_lengths, seed, temperature, top_k, top_p, max_new_tokens):
+        """`(tokens, lengths)` of `sampling.sample` on the model's key/value cache, the tokenizer's rules."""
         rows, width = tf.shape(prompts)[0], tf.shape(prompts)[1]
         step_fn, cache = language_model_step(self.model, rows, width + max_new_tokens)
         tokenizer = self.tokenizer
-        tokens, lengths = sample(
+        return sample(
             step_fn, cache, prompts, prompt_lengths, max_new_tokens, tokenizer.end_id, seed=seed,
-            temperature=settings["temperature"], top_k=settings["top_k"], top_p=settings["top_p"],
-            never=(tokenizer.pad_id, tokenizer.start_id),
+            temperature=temperature, top_k=top_k, top_p=top_p, never=(tokenizer.pad_id, tokenizer.start_id),
             prefill_fn=language_model_prefill(self.model),
         )
-        # The sampler's buffer has room for the longest allowed text; keep the columns used.
-        tokens = tokens[:, : tf.reduce_max(tf.concat([lengths, [1]], axis=0))]
-        text = tokenizer.detokenize(tokens)
+
+    def outputs(self, tokens, lengths, prompt_lengths):
+        """The texts of sampled `tokens`: the whole text, what follows the prompt, and how many tokens that is.
+
+        The continuation is the text written from the first new token on, its
+        spacing decided with the prompt before it (a new piece, `##s`, may
+        end the prompt's last word).
+        """
         return {
-            "text": text,
-            "continuation": self._continuation(text, tokens, prompt_lengths),
+            "text": self.tokenizer.detokenize(tokens),
+            "continuation": self.tokenizer.detokenize(tokens, first=prompt_lengths),
             "new_tokens": lengths - prompt_lengths,
             "tokens": tokens,
         }
-
-    def _continuation(self, text, tokens, prompt_lengths):
-        """What `text` adds to its prompt, as the prompt reads detokenized.
-
-        The new pieces may continue the prompt's last word ("##s"), so the
-        continuation is the text after the prompt's own detokenized text,
-        or, should the spacing rules have changed that prefix, the new
-        pieces detokenized alone.
-        """
-        in_prompt = tf.range(tf.shape(tokens)[1])[None, :] < prompt_lengths[:, None]
-        prompt_text = self.tokenizer.detokenize(tf.where(in_prompt, tokens, 0))
-        prompt_bytes = tf.strings.length(prompt_text)
-        rest = tf.strings.strip(tf.strings.substr(text, prompt_bytes, tf.strings.length(text) - prompt_bytes))
-        follows = tf.strings.substr(text, tf.zeros_like(prompt_bytes), prompt_bytes) == prompt_text
-        return tf.where(follows, rest, self.tokenizer.detokenize(tf.where(in_prompt, 0, tokens)))
 
     def __call__(self, texts, seed=0, temperature=None, top_k=None, top_p=None, max_new_tokens=None):
         return self.generate(tf.convert_to_tensor(texts, tf.string), seed, temperature, top_k, top_p, max_new_tokens)

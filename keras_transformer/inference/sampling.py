@@ -22,8 +22,8 @@ loop both reads the prompts into the cache and writes. A row stops at [END]
 or after `max_new_tokens`.
 
 Each draw is seeded with `(seed, t)` at position t (the Gumbel-max trick on
-stateless uniform noise, `_draw`): the same seed and batch give the same
-text, in a graph or out, and under XLA.
+hashed uniform noise, `_draw`): the same seed and batch give the same
+text, in a graph or out, under XLA and in a LiteRT file.
 """
 
 import tensorflow as tf
@@ -126,7 +126,7 @@ def sample(
             # A tensor temperature may still be 0 at run time: divide by 1 then, and keep the argmax.
             scale = tf.where(temperature > 0, tf.cast(temperature, tf.float32), 1.0)
             filtered = filter_logits(logits, scale, top_k, top_p)
-            sampled = _draw(filtered, tf.stack([tf.cast(seed, tf.int64), tf.cast(position, tf.int64)]))
+            sampled = _draw(filtered, seed, position)
             drawn = tf.where(temperature > 0, sampled, drawn)
         next_position = position + 1
         in_prompt = next_position < prompt_lengths
@@ -155,19 +155,42 @@ def sample(
     return tokens, tf.reduce_sum(tf.cast(keep & (tokens != 0), tf.int32), axis=1)
 
 
-def _draw(logits, seed):
+def _draw(logits, seed, position):
     """One token per row, drawn with probabilities softmax(logits): the Gumbel-max trick.
 
     argmax(logits + g) with g = -log(-log(u)), u uniform in (0, 1), picks
-    token i with probability softmax(logits)_i. Written so rather than with
-    `tf.random.stateless_categorical` because XLA compiles these ops (it has
-    no kernel for that one), and the draw is the same in a graph, eagerly or
-    compiled. Every row gets the same noise (one row of it, from the seed
-    and the position alone): a prompt's text then does not depend on which
-    row of a batch it came in, or on what else was in the batch.
+    token i with probability softmax(logits)_i. The uniform noise is a hash of
+    (seed, position, token id) (`_uniform`), not a TensorFlow random op:
+    the same integer arithmetic runs in a graph, eagerly, under XLA and in a
+    LiteRT file (`export.litert`), which has no stateless random op. Every
+    row gets the same noise (from the seed and the position alone): a
+    prompt's text then does not depend on which row of a batch it came in,
+    or on what else was in the batch.
     """
-    uniform = tf.random.stateless_uniform(tf.stack([1, tf.shape(logits)[-1]]), seed=seed, minval=1e-20, maxval=1.0)
-    return tf.argmax(logits - tf.math.log(-tf.math.log(uniform)), axis=-1, output_type=tf.int32)
+    uniform = _uniform(tf.cast(seed, tf.int32), tf.cast(position, tf.int32), tf.shape(logits)[-1])
+    return tf.argmax(logits - tf.math.log(-tf.math.log(uniform))[None, :], axis=-1, output_type=tf.int32)
+
+
+def _uniform(seed, position, size):
+    """`(size,)` float32 in (0, 1): a counter-based hash (MurmurHash3's finaliser) of (seed, position, index).
+
+    Written with int32 multiplication (which wraps), xor and shifts, which
+    TensorFlow and LiteRT compute alike; a logical shift is an arithmetic
+    one with the sign's bits taken away (`floormod`).
+    """
+
+    def logical_shift(value, bits):
+        return tf.math.floormod(tf.bitwise.right_shift(value, bits), 1 << (32 - bits))
+
+    def mix(value):
+        value = tf.bitwise.bitwise_xor(value, logical_shift(value, 16)) * tf.constant(-2048144789, tf.int32)
+        value = tf.bitwise.bitwise_xor(value, logical_shift(value, 13)) * tf.constant(-1028477387, tf.int32)
+        return tf.bitwise.bitwise_xor(value, logical_shift(value, 16))
+
+    key = mix(mix(seed * tf.constant(-1640531535, tf.int32) + position) + tf.constant(0x2545F491, tf.int32))
+    hashed = mix(key + tf.range(size) * tf.constant(-1640531535, tf.int32))
+    # The top 24 bits, centred in their interval: never 0 or 1.
+    return (tf.cast(logical_shift(hashed, 8), tf.float32) + 0.5) / float(1 << 24)
 
 
 def _is_zero(temperature):

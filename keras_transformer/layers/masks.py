@@ -65,9 +65,9 @@ def _to_rank4(mask, name):
     mask = ops.cast(mask, "bool")
     rank = len(mask.shape)
     if rank == 2:  # (query_length, key_length), shared by the batch
-        return mask[None, None, :, :]
+        return _with_axes(mask, (0, 1))
     if rank == 3:  # (batch, query_length, key_length): Keras' own convention
-        return mask[:, None, :, :]
+        return _with_axes(mask, (1,))
     if rank == 4:
         return mask
     raise ValueError(f"{name} must have rank 2, 3 or 4; got shape {mask.shape}")
@@ -113,12 +113,12 @@ def merge_attention_masks(
         window = sliding_window_mask(
             query_length, key_length, sliding_window, causal=causal, offset=offset
         )
-        masks.append(window[None, None, :, :])
+        masks.append(_with_axes(window, (0, 1)))
     elif causal:
-        masks.append(causal_mask(query_length, key_length, offset)[None, None, :, :])
+        masks.append(_with_axes(causal_mask(query_length, key_length, offset), (0, 1)))
     if valid_key_length is not None:
         filled = ops.arange(key_length) < valid_key_length
-        masks.append(filled[None, None, None, :])
+        masks.append(_with_axes(filled, (0, 1, 2)))
     if not masks:
         return None
     merged = masks[0]

@@ -13,6 +13,7 @@ and perplexity skip padding.
 import gzip
 import logging
 import math
+import os
 import random
 
 import numpy as np
@@ -207,6 +208,17 @@ def load_generator(run_dir, temperature=None, top_k=None, top_p=None, max_new_to
         model, text_tokenizer, temperature=chosen["temperature"], top_k=chosen["top_k"] or 0,
         top_p=1.0 if chosen["top_p"] is None else chosen["top_p"], max_new_tokens=chosen["max_new_tokens"],
     )
+
+
+def export_litert(run_dir, out_dir, quantization=None):
+    """Write the run's generator as a LiteRT file in the new directory `out_dir` (`export.litert`); returns it."""
+    from keras_transformer.export import litert
+
+    if quantization is not None and quantization not in litert.QUANTIZATIONS:
+        raise ValueError(f"--quantization for LiteRT must be one of {litert.QUANTIZATIONS} (or none), got {quantization!r}")
+    if os.path.exists(out_dir):
+        raise FileExistsError(f"{out_dir} already exists: pick another directory or remove it first")
+    return litert.export_litert(litert.LiteRTGeneration(load_generator(run_dir)), out_dir, quantization)
 
 
 def generate(run_dir, prompts, seed=0, temperature=None, top_k=None, top_p=None, max_new_tokens=None):

@@ -11,6 +11,7 @@ runtimes have:
 - `dense_rows`: a ragged tensor's rows as a padded matrix, from gathers;
 - `join_columns`: each row of a string matrix as one string (tensorflow-text's
   n-gram join, with the n-gram as wide as the matrix);
+- `left_aligned`: a row's kept tokens moved to its front (top-k, not a sort);
 - `lowercase_utf8`: Unicode lowercasing from bytes and a table, the same
   mapping as `tf.strings.lower(..., encoding="utf-8")`.
 """
@@ -53,6 +54,22 @@ def join_columns(strings):
         string_separator="",
     )
     return joined
+
+
+def left_aligned(values, dropped):
+    """`(ids, flags)` with the `dropped` positions taken out, the rest moved left in order; ids -1, flags False after.
+
+    A sort by (dropped, position), as `top_k` of a key that falls with both:
+    LiteRT has no sort or boolean mask among its builtins, but has top-k.
+    """
+    ids, flags = values
+    length = tf.shape(ids)[1]
+    positions = tf.range(length)[None, :]
+    key = tf.where(dropped, -1 - positions, length - positions)  # kept first, each group in order
+    _, order = tf.math.top_k(key, k=length)
+    kept = tf.gather(~dropped, order, batch_dims=1)
+    return (tf.where(kept, tf.gather(ids, order, batch_dims=1), -1),
+            kept & tf.gather(flags, order, batch_dims=1))
 
 
 # -- lowercasing ---------------------------------------------------------------------

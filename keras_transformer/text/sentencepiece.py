@@ -29,6 +29,7 @@ import tensorflow as tf
 import tensorflow_text as text
 
 from keras_transformer.saving import read_json, replace_whole, write_json
+from keras_transformer.text.portable import join_columns, left_aligned
 
 # checkpoint id + ID_OFFSET = our id; our id 0 is padding.
 ID_OFFSET = 1
@@ -129,7 +130,8 @@ class SentencePieceTokenizer(tf.Module):
         self._encoder = _sentencepiece(self.model, tf.string)
         self._tokens = tf.constant(self.vocab)
         self._decoder = _sentencepiece(self.decode_model, tf.int32)
-        self._surfaces = tf.constant(_surfaces(self.vocab, self._decoder))
+        self._ends = _Ends(_surfaces(self.vocab, self._decoder), self._dropped_ids,
+                           strip_all=self.settings["strip_trailing_space"])
         self._ids = tf.lookup.StaticHashTable(
             tf.lookup.KeyValueTensorInitializer(tf.constant(self.vocab[1:]), tf.range(1, len(self.vocab))),
             default_value=self.unk_id,
@@ -277,20 +279,20 @@ class SentencePieceTokenizer(tf.Module):
         return word_pieces.with_values(tf.concat([per_word, spaces], axis=1)).merge_dims(1, 2)
 
     def detokenize(self, ids):
-        """Ids (dense or ragged, `(batch, length)`) -> `(batch,)` text, special tokens dropped."""
-        if not isinstance(ids, tf.RaggedTensor):
-            ids = tf.RaggedTensor.from_tensor(tf.convert_to_tensor(ids))
-        ids = tf.cast(ids, tf.int32)
+        """Ids (dense or ragged, `(batch, length)`) -> `(batch,)` text, special tokens dropped.
+
+        SentencePiece's decoding of pieces (joined, "▁" a space), then Hugging
+        Face's strip of the ends: written as table lookups on the tokens and
+        one string join (`text.portable`), which a LiteRT file runs too.
+        """
+        if isinstance(ids, tf.RaggedTensor):
+            ids = ids.to_tensor()
+        ids = tf.cast(tf.convert_to_tensor(ids), tf.int32)
+        width = ids.shape[1]  # known when tracing for LiteRT (`join_columns`)
         # An id outside the vocabulary (a model of another size) reads as <unk>, and is dropped.
         ids = tf.where((ids >= 0) & (ids < self.vocab_size), ids, self.unk_id)
-        dropped = tf.reduce_any(ids.flat_values[:, None] == tf.constant(self._dropped_ids)[None, :], axis=1)
-        kept = tf.ragged.boolean_mask(ids, ids.with_flat_values(~dropped))
-        pieces = tf.ragged.map_flat_values(tf.gather, self._surfaces, kept)
-        # SentencePiece's decoding of pieces: joined, "▁" is a space; then Hugging Face strips the ends.
-        strings = tf.strings.regex_replace(tf.strings.reduce_join(pieces, axis=-1), "\u2581", " ")
-        if self.settings["strip_trailing_space"]:
-            return tf.strings.strip(strings)
-        return tf.strings.regex_replace(strings, "^ ", "")
+        ids, _ = left_aligned((ids, tf.ones_like(ids, tf.bool)), tf.gather(self._ends.dropped, ids))
+        return self._ends.join(ids, width)
 
     def id_to_token(self, ids):
         """Ids -> the checkpoint's token strings (same shape), for labelling attention maps."""
@@ -350,6 +352,51 @@ def _surfaces(vocab, model):
         else:
             surfaces.append(token)
     return surfaces
+
+
+class _Ends:
+    """How kept ids become text: each token's surface, its text's ends trimmed as Hugging Face trims them.
+
+    With `strip_all` (Marian, M2M100: Python's `str.strip`) the whitespace at
+    both ends goes: tokens of nothing but whitespace before the first other
+    one and after the last are dropped, and those two lose their outer
+    whitespace. Without (NLLB) only the text's one leading space goes, from
+    the first token that writes anything. Each token's four spellings
+    (as it is, as first, as last, as both) are one table.
+    """
+
+    _WHITESPACE = " \t\n\r\v\f"
+
+    def __init__(self, surfaces, dropped_ids, strip_all):
+        surfaces = [surface.replace("\u2581", " ") for surface in surfaces]
+        self.size = len(surfaces)
+        self.dropped = tf.constant([index in set(dropped_ids) for index in range(self.size)])
+        if strip_all:
+            self.nothing = tf.constant([not surface.strip(self._WHITESPACE) for surface in surfaces])
+            first = [surface.lstrip(self._WHITESPACE) for surface in surfaces]
+            last = [surface.rstrip(self._WHITESPACE) for surface in surfaces]
+            both = [surface.strip(self._WHITESPACE) for surface in surfaces]
+        else:
+            self.nothing = tf.constant([not surface for surface in surfaces])
+            first = [surface.removeprefix(" ") for surface in surfaces]
+            last, both = surfaces, first
+        self.strip_all = strip_all
+        self.spellings = tf.constant(surfaces + first + last + both + [""])
+
+    def join(self, ids, width):
+        """`(batch, length)` left-aligned kept ids (-1 after them) -> `(batch,)` strings."""
+        real = ids >= 0
+        ids = tf.maximum(ids, 0)
+        writes = real & ~tf.gather(self.nothing, ids)
+        before = tf.cumsum(tf.cast(writes, tf.int32), axis=1, exclusive=True)  # writing tokens before each
+        after = tf.cumsum(tf.cast(writes, tf.int32), axis=1, exclusive=True, reverse=True)
+        is_first, is_last = writes & (before == 0), writes & (after == 0)
+        shown = real & ((before > 0) & (after > 0) | writes) if self.strip_all else real
+        variant = tf.cast(is_first, tf.int32) + 2 * tf.cast(is_last, tf.int32)
+        index = tf.where(shown, ids + self.size * variant, 4 * self.size)  # 4 * size: ""
+        if width is not None:
+            index = tf.reshape(index, [-1, width])
+        return join_columns(tf.gather(self.spellings, index))
 
 
 def _fixed_columns(rows, ids):

@@ -25,7 +25,7 @@ from tensorflow_text.python.ops import bert_tokenizer
 from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
 
 from keras_transformer.saving import DamagedFileError, read_json, replace_whole, write_json
-from keras_transformer.text.portable import join_columns
+from keras_transformer.text.portable import join_columns, left_aligned
 
 PAD, UNK, START, END = "[PAD]", "[UNK]", "[START]", "[END]"
 RESERVED_TOKENS = (PAD, UNK, START, END)
@@ -220,8 +220,12 @@ class WordPieceTokenizer(tf.Module):
         # Padded before the [CLS] column joins: an empty batch keeps its one column.
         return tf.concat([cls_column, pieces.to_tensor()], axis=1)
 
-    def detokenize(self, ids):
+    def detokenize(self, ids, first=None):
         """Ids (dense or ragged, `(batch, length)`) -> `(batch,)` readable strings.
+
+        `first`: `(batch,)` int32, each row's first position to write (the
+        tokens before it still decide the spacing; no space leads): what a
+        continuation adds to its prompt.
 
         Padding, [START] and [END] are dropped; a piece (`##rad`) joins the
         token before it; words are separated by a space except where text is
@@ -234,7 +238,7 @@ class WordPieceTokenizer(tf.Module):
         ids = tf.cast(tf.convert_to_tensor(ids), tf.int32)
         # An id outside the vocabulary (a model of another size) reads as [UNK].
         ids = tf.where((ids >= 0) & (ids < self.vocab_size), ids, self.unk_id)
-        return self._spelling.spell(ids)
+        return self._spelling.spell(ids, first)
 
     def id_to_token(self, ids):
         """Ids -> their token strings (same shape), for labelling attention maps."""
@@ -315,10 +319,14 @@ class _Spelling:
         self.alnum_first = tf.constant([_letter_or_digit(token[:1]) for token in spelled])
         self.alnum_last = tf.constant([_letter_or_digit(token[-1:]) for token in spelled])
 
-    def spell(self, ids):
-        """`(batch, length)` int32 ids in the vocabulary -> `(batch,)` strings."""
-        ids = _left_aligned(ids, tf.gather(self.silent, ids))
+    def spell(self, ids, first=None):
+        """`(batch, length)` int32 ids in the vocabulary -> `(batch,)` strings, from position `first` on."""
+        width = ids.shape[1]  # known when tracing for LiteRT (`join_columns`)
+        positions = tf.broadcast_to(tf.range(tf.shape(ids)[1])[None, :], tf.shape(ids))
+        shown = positions >= (0 if first is None else tf.cast(first, tf.int32)[:, None])
+        ids, shown = left_aligned((ids, shown), tf.gather(self.silent, ids))
         real = ids >= 0
+        shown &= real
         ids = tf.where(real, ids, self.nothing)
         shifted_right = lambda values: tf.pad(values[:, :-1], [[0, 0], [1, 0]])  # noqa: E731  (the token before)
         shifted_left = lambda values: tf.pad(values[:, 1:], [[0, 0], [0, 1]])  # noqa: E731  (the token after)
@@ -327,32 +335,19 @@ class _Spelling:
         # A hyphen, apostrophe or slash standing as a word between a letter or digit and another: no spaces.
         joins = (table(self.joining) & word_start & shifted_left(word_start) & shifted_left(table(self.alnum_first))
                  & shifted_right(table(self.alnum_last)))
-        first = tf.range(tf.shape(ids)[1])[None, :] == 0
-        space_before = (word_start & ~first & ~table(self.closes_first) & ~shifted_right(table(self.opens_last))
-                        & ~joins & ~shifted_right(joins))
+        at_start = tf.range(tf.shape(ids)[1])[None, :] == 0
+        space_before = (word_start & ~at_start & ~table(self.closes_first) & ~shifted_right(table(self.opens_last))
+                        & ~joins & ~shifted_right(joins) & shifted_right(shown))
         # Each token as two strings, a space or nothing, then its spelling: indices into one table, where
         # `len(vocab) + 1` is " " and `len(vocab)` is "" (LiteRT stacks integers, not strings).
-        space_ids = self.vocab_size + tf.cast(space_before, tf.int32)
-        pairs = tf.reshape(tf.stack([space_ids, ids], axis=2), [tf.shape(ids)[0], -1])
-        if ids.shape[1] is not None:
-            pairs = tf.reshape(pairs, [-1, 2 * ids.shape[1]])  # a width known when tracing (`join_columns`)
+        space_ids = self.vocab_size + tf.cast(space_before & shown, tf.int32)
+        spelled_ids = tf.where(shown, ids, self.vocab_size)  # a token not shown: ""
+        pairs = tf.reshape(tf.stack([space_ids, spelled_ids], axis=2), [tf.shape(ids)[0], -1])
+        if width is not None:
+            pairs = tf.reshape(pairs, [-1, 2 * width])
         pairs = tf.gather(self.spellings, pairs)
         return join_columns(pairs)
 
 
 def _letter_or_digit(character):
     return bool(character) and unicodedata.category(character)[0] in "LN"
-
-
-def _left_aligned(ids, dropped):
-    """`ids` with the `dropped` positions taken out, the rest moved left in order, and -1 after them.
-
-    A sort by (dropped, position), as `top_k` of a key that falls with both:
-    LiteRT has no sort or boolean mask among its builtins, but has top-k.
-    """
-    length = tf.shape(ids)[1]
-    positions = tf.range(length)[None, :]
-    key = tf.where(dropped, -1 - positions, length - positions)  # kept first, each group in order
-    _, order = tf.math.top_k(key, k=length)
-    kept = tf.gather(~dropped, order, batch_dims=1)
-    return tf.where(kept, tf.gather(ids, order, batch_dims=1), -1)
