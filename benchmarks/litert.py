@@ -1,6 +1,7 @@
 """On-device translation: the LiteRT file against our SavedModel and CTranslate2, text in and text out.
 
     python benchmarks/litert.py RUN_DIR [--sentences 128] [--threads 2]
+    python benchmarks/litert.py --opus-mt-base [--sentences 32]
 
 Exports the run (a trained translation run: the demo's, or the Multi30k
 recipe's) as a SavedModel, a CTranslate2 int8 model and LiteRT files
@@ -11,6 +12,12 @@ sentence at a time) and at batch 32, each timed over two rounds (the
 faster kept). Prints one JSON line per road with sentences/s, peak RSS,
 seconds to the first translation, file size and BLEU against the
 references; BENCHMARKS.md has the figures and the CPU they came from.
+
+`--opus-mt-base` times an imported checkpoint of OPUS-MT-base's shape
+instead (OPUS-MT en-mg's config and tokenizer from ../shared/data, 6+6
+layers, d_model 512, random weights written here with NumPy): random weights
+rarely end a sentence, so every road decodes to `--max-output-length`
+tokens, the same work for each; its BLEU means nothing.
 """
 
 import argparse
@@ -20,7 +27,8 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
 
 # One road, in its own process: argv = road, path, threads, sentences file.
 _ROAD = r"""
@@ -36,7 +44,7 @@ if road.startswith("litert"):
     translate = model.translate
 elif road.startswith("ctranslate2"):
     from keras_transformer.export.ctranslate2 import CTranslate2Translator
-    model = CTranslate2Translator(path, inter_threads=1, intra_threads=threads)
+    model = CTranslate2Translator(path, threads=threads)
     beam = 4 if road.endswith("beam4") else 1
     translate = lambda batch, batch_size=32: model.translate(batch, beam_size=beam)
 else:
@@ -66,39 +74,104 @@ print(json.dumps({"load_s": round(loaded - started, 2), "first_s": round(first -
 """
 
 
+def opus_mt_base_checkpoint(directory):
+    """A Marian checkpoint directory of OPUS-MT en-mg's shape with random weights (float32 safetensors)."""
+    import shutil
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    source = os.path.join(os.environ.get("KERAS_TRANSFORMER_DATA", os.path.join(HERE, "..", "..", "shared", "data")),
+                          "opus-mt-en-mg")
+    for name in ("config.json", "source.spm", "target.spm", "vocab.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(source, name), directory)
+    with open(os.path.join(source, "config.json"), encoding="utf-8") as file:
+        config = json.load(file)
+    d, d_ff, vocab = config["d_model"], config["encoder_ffn_dim"], config["vocab_size"]
+    rng = np.random.default_rng(0)
+    tensors = {"model.shared.weight": rng.normal(0, 0.02, (vocab, d)), "final_logits_bias": np.zeros((1, vocab))}
+
+    def linear(name, outputs, inputs):
+        tensors[f"{name}.weight"] = rng.normal(0, 0.02, (outputs, inputs))
+        tensors[f"{name}.bias"] = np.zeros(outputs)
+
+    def norm(name):
+        tensors[f"{name}.weight"], tensors[f"{name}.bias"] = np.ones(d), np.zeros(d)
+
+    for stack, layers in (("encoder", config["encoder_layers"]), ("decoder", config["decoder_layers"])):
+        for index in range(layers):
+            prefix = f"model.{stack}.layers.{index}"
+            for attention in ("self_attn", "encoder_attn") if stack == "decoder" else ("self_attn",):
+                for projection in ("q_proj", "k_proj", "v_proj", "out_proj"):
+                    linear(f"{prefix}.{attention}.{projection}", d, d)
+                norm(f"{prefix}.{attention}_layer_norm")
+            linear(f"{prefix}.fc1", d_ff, d)
+            linear(f"{prefix}.fc2", d, d_ff)
+            norm(f"{prefix}.final_layer_norm")
+    save_file({name: value.astype(np.float32) for name, value in tensors.items()},
+              os.path.join(directory, "model.safetensors"))
+    with open(os.path.join(directory, "generation_config.json"), "w", encoding="utf-8") as file:
+        json.dump({"bad_words_ids": [[config["pad_token_id"]]], "decoder_start_token_id": config["pad_token_id"],
+                   "eos_token_id": config["eos_token_id"], "forced_eos_token_id": config["eos_token_id"],
+                   "max_length": 512, "num_beams": 4, "pad_token_id": config["pad_token_id"]}, file)
+
+
 def _size(path):
     if os.path.isfile(path):
         return os.path.getsize(path)
     return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
 
 
+def _pairs(config, count):
+    """The run's first `count` validation pairs; an imported checkpoint's: Multi30k's English side, no references."""
+    from keras_transformer.runs import translation
+
+    if not config.get("pretrained"):
+        return translation.load_pairs(config["data"], ("val",))["val"][:count]
+    data = os.environ.get("KERAS_TRANSFORMER_DATA", os.path.join(HERE, "..", "..", "shared", "data"))
+    with open(os.path.join(data, "multi30k", "val.en"), encoding="utf-8") as file:
+        return [(line.rstrip("\n"), "") for line in file][:count]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("run_dir")
+    parser.add_argument("run_dir", nargs="?")
+    parser.add_argument("--opus-mt-base", action="store_true", help="an imported checkpoint of OPUS-MT-base's shape")
     parser.add_argument("--sentences", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-output-length", type=int, default=None)
     arguments = parser.parse_args()
+    if bool(arguments.run_dir) == arguments.opus_mt_base:
+        parser.error("give RUN_DIR or --opus-mt-base")
 
     import sacrebleu
 
     from keras_transformer.runs import translation
 
-    config = translation.load_config(arguments.run_dir)
-    pairs = translation.load_pairs(config["data"], ("val",))["val"][: arguments.sentences]
     with tempfile.TemporaryDirectory() as directory:
+        if arguments.opus_mt_base:
+            checkpoint = os.path.join(directory, "checkpoint")
+            os.makedirs(checkpoint)
+            opus_mt_base_checkpoint(checkpoint)
+            arguments.run_dir = os.path.join(directory, "run")
+            translation.import_checkpoint(checkpoint, arguments.run_dir)
+        config = translation.load_config(arguments.run_dir)
+        pairs = _pairs(config, arguments.sentences)
         sentences_file = os.path.join(directory, "sentences.txt")
         with open(sentences_file, "w", encoding="utf-8") as file:
             file.write("\n".join(source for source, _ in pairs))
         roads = {}
         for beam in (1, 4):
             name = f"beam{beam}"
+            limits = dict(beam_size=beam, max_output_length=arguments.max_output_length)
             roads[f"saved_model_{name}"] = translation.export(arguments.run_dir, os.path.join(directory, f"sm{beam}"),
-                                                              beam_size=beam)
+                                                              **limits)
             for quantization in (None, "int8"):
                 path = os.path.join(directory, f"litert{beam}{quantization or ''}")
-                translation.export_litert(arguments.run_dir, path, quantization=quantization, beam_size=beam)
+                translation.export_litert(arguments.run_dir, path, quantization=quantization, **limits)
                 roads[f"litert_{quantization or 'float32'}_{name}"] = path
-        ct2 = translation.export_ctranslate2(arguments.run_dir, os.path.join(directory, "ct2"), quantization="int8")
+        ct2 = translation.export_ctranslate2(arguments.run_dir, os.path.join(directory, "ct2"), quantization="int8",
+                                             max_output_length=arguments.max_output_length)
         roads["ctranslate2_int8_beam1"] = roads["ctranslate2_int8_beam4"] = ct2
         references = [target for _, target in pairs]
         for road, path in roads.items():
@@ -109,8 +182,9 @@ def main():
             size_path = os.path.join(path, "model.tflite") if road.startswith("litert") else path
             if road.startswith("saved_model"):
                 size_path = os.path.join(path, "variables")
-            row.update(road=road, bytes=_size(size_path),
-                       bleu=round(sacrebleu.corpus_bleu(translations, [references]).score, 2))
+            row.update(road=road, bytes=_size(size_path))
+            if any(references):
+                row["bleu"] = round(sacrebleu.corpus_bleu(translations, [references]).score, 2)
             print(json.dumps(row), flush=True)
 
 

@@ -32,7 +32,8 @@ import numpy as np
 
 from keras_transformer.startup import start_up_lines_dropped
 
-MODEL_FILE, SETTINGS_FILE = "model.tflite", "litert.json"  # as export.litert writes them
+# A LiteRT export's two files (`export.litert` writes them; this module imports no TensorFlow to read them).
+MODEL_FILE, SETTINGS_FILE = "model.tflite", "litert.json"
 
 
 # tensorflow-text's registrar, under the name `import tensorflow_text` gives it: loaded once per process

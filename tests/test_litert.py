@@ -45,6 +45,7 @@ def litert_exports(trained_demo_run, tmp_path_factory):
     return run, Path(directory)
 
 
+@pytest.mark.slow
 def test_float32_greedy_translates_token_for_token_as_the_run_and_beam_4_never_worse(litert_exports):
     run, exports = litert_exports
     for name, beam_size in (("greedy", 1), ("beam", 4)):
@@ -120,6 +121,7 @@ def test_malformed_requests_are_answered_or_refused_in_one_line_and_the_interpre
     assert model.translate(["The dog runs."]) == expected
 
 
+@pytest.mark.slow
 def test_the_command_line_exports_translates_without_tensorflow_and_refuses_an_existing_directory(litert_exports,
                                                                                                    tmp_path):
     run, exports = litert_exports
@@ -170,6 +172,7 @@ def classifier_exports(tmp_path_factory):
     return Path(directory)
 
 
+@pytest.mark.slow
 def test_the_classifier_file_gives_the_runs_probabilities(classifier_exports):
     texts = ["The FILM was Great.", "awful, boring ACTORS", "", "Ünïcode İstanbul ÉNORME " * 10, "x"]
     classifier = classification.Classifier(str(classifier_exports / "run"))
@@ -198,6 +201,7 @@ def language_model_export(trained_language_model_run, tmp_path_factory):
     return run, Path(directory) / "litert"
 
 
+@pytest.mark.slow
 def test_the_language_model_file_continues_as_the_run_does(language_model_export):
     from keras_transformer.runs import language_model
 
@@ -247,3 +251,58 @@ def test_keras_export_to_litert_gives_the_models_logits_with_builtin_operators(t
         runner = Interpreter(model_path=path).get_signature_runner()
         outputs = runner(**dict(zip(sorted(runner.get_input_details()), inputs)))
         np.testing.assert_allclose(list(outputs.values())[0], expected, atol=1e-5, err_msg=name)
+
+
+@pytest.fixture(scope="session")
+def marian_exports(tmp_path_factory):
+    """Both Marian fixtures imported as runs, each exported greedy and with the checkpoint's beam 4."""
+    from test_pretrained import FIXTURES
+
+    def build(directory):
+        for name in MARIAN:
+            translation.import_checkpoint(str(FIXTURES / name), str(directory / name))
+            for search, beam_size in (("greedy", 1), ("beam", 4)):
+                translation.export_litert(str(directory / name), str(directory / f"{name}-{search}"),
+                                          beam_size=beam_size)
+        return {}
+
+    directory, _ = built_once(tmp_path_factory, "litert-marian", build)
+    return Path(directory)
+
+
+MARIAN = ("marian-shared-swish", "marian-separate-relu")
+
+
+@pytest.mark.parametrize("name", MARIAN)
+@pytest.mark.slow
+def test_an_imported_marian_checkpoint_translates_on_device_as_its_run_and_hugging_face_do(marian_exports, name):
+    from test_pretrained import expected
+
+    recorded, _ = expected(name)
+    sentences = recorded["sources"] + [">>deu<< A dog.", "  spaces  around  ", "x" * 200]
+    for search, beam_size in (("greedy", 1), ("beam", 4)):
+        translator = translation.load_translator(str(marian_exports / name), beam_size=beam_size)
+        runs_own = translator(tf.constant(sentences))
+        on_device = LiteRTModel(marian_exports / f"{name}-{search}").run(sentences)
+        ours = [text.decode() for text in runs_own["translation"].numpy()]
+        theirs = [text.decode() for text in on_device["translation"]]
+        if beam_size == 1:
+            assert theirs == ours
+            # Hugging Face's own (the last source is "", which we translate to "", as the run does).
+            assert theirs[: len(recorded["sources"]) - 1] == recorded["greedy"]["text"][:-1]
+        else:
+            assert sum(a == b for a, b in zip(ours, theirs)) >= 0.97 * len(sentences), list(zip(ours, theirs))
+            assert np.all(on_device["score"] >= runs_own["score"].numpy() - 1e-4)
+
+
+@pytest.mark.parametrize("name", ["m2m100-en-de", "nllb-en-de"])
+def test_a_tokenizer_litert_cannot_run_is_refused_in_one_line_before_anything_is_written(name, tmp_path):
+    from test_pretrained import FIXTURES
+
+    run = tmp_path / "run"
+    translation.import_checkpoint(str(FIXTURES / name), str(run), source_lang="en" if "m2m" in name else "eng_Latn",
+                                  target_lang="de" if "m2m" in name else "deu_Latn")
+    with pytest.raises(ValueError, match="export a SavedModel or a CTranslate2 model instead") as refused:
+        translation.export_litert(str(run), str(tmp_path / "out"))
+    assert "\n" not in str(refused.value)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["run"]

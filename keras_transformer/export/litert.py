@@ -8,8 +8,9 @@ directory:
     OUT/litert.json      what the file holds (its kind, signature, settings, operators)
 
 The file runs on LiteRT's builtin operators plus the tensorflow-text kernels
-that `tensorflow_text.tflite_registrar` registers (the WordPiece tokenizer,
-splitting strings into bytes, joining strings): no TensorFlow ("Flex")
+that `tensorflow_text.tflite_registrar` registers (the WordPiece and
+SentencePiece tokenizers, splitting strings into bytes, joining strings):
+no TensorFlow ("Flex")
 operator, so the plain mobile runtime runs it. `check_operators` reads the
 file's operator table and refuses anything else before OUT is written.
 
@@ -32,8 +33,10 @@ What changes on the way from the SavedModel (`export.translator`):
   calibration data). The model computes in float32 whatever precision it
   was trained in.
 
-Signatures: `serving_default` of a translator takes `text` (string `[batch]`)
-and returns `translation` (string `[batch]`) and `score` (float32 `[batch]`).
+Three kinds of run, three services: `LiteRTTranslation` (`text` ->
+`translation`, `score`), `LiteRTClassification` (`text` -> `label`,
+`label_id`, `probabilities`) and `LiteRTGeneration` (`text` -> `text`,
+`continuation`, `new_tokens`; and `generate` with sampling settings).
 """
 
 import json
@@ -46,11 +49,11 @@ import tensorflow as tf
 
 from keras_transformer.inference.generator import framed_prompts
 from keras_transformer.layers.cached_attention import cache_writes_for_litert
+from keras_transformer.on_device import MODEL_FILE, SETTINGS_FILE  # where the runner reads them
 from keras_transformer.saving import write_json
 from keras_transformer.text import SentencePieceTokenizer, WordPieceTokenizer
 from keras_transformer.text.portable import dense_rows, lowercase_table, lowercase_utf8
 
-MODEL_FILE, SETTINGS_FILE = "model.tflite", "litert.json"
 QUANTIZATIONS = ("float16", "int8")
 # The tensorflow-text kernels `tensorflow_text.tflite_registrar` registers with LiteRT, by operator name.
 TEXT_OPERATORS = frozenset({
