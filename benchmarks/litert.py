@@ -32,7 +32,11 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 
 # One road, in its own process: argv = road, path, threads, sentences file.
 _ROAD = r"""
-import json, resource, sys, time
+import json, sys, time
+def peak_rss_mib():  # this process's own high-water mark (ru_maxrss would carry the parent's over exec)
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) // 1024
 road, path, threads, sentences_file = sys.argv[1:5]
 threads = int(threads)
 texts = open(sentences_file, encoding="utf-8").read().split("\n")
@@ -69,7 +73,7 @@ batch1, _ = rate(1)
 batch32, translations = rate(32)
 print(json.dumps({"load_s": round(loaded - started, 2), "first_s": round(first - loaded, 3),
                   "batch1": round(batch1, 2), "batch32": round(batch32, 2),
-                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+                  "peak_rss_mib": peak_rss_mib(),
                   "translations": translations, "tensorflow_imported": "tensorflow" in sys.modules}))
 """
 
