@@ -21,6 +21,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import tempfile
 import warnings
 import zipfile
@@ -174,6 +175,28 @@ def replace_whole(path, write):
     except BaseException:
         if os.path.exists(staging):
             os.remove(staging)
+        raise
+
+
+@contextlib.contextmanager
+def directory_written_whole(path):
+    """Yield a new directory beside `path`, renamed to `path` when the block ends, removed if it fails.
+
+    A reader (TensorFlow Serving watching an export base, a user listing
+    runs) sees no directory or the whole one, and a kill leaves only a
+    hidden `.NAME-incomplete-*` behind, never half of `path`. The directory
+    is readable by all (mkdtemp's 0700 would hide an export from a server
+    running as another user).
+    """
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(path))}-incomplete-", dir=parent)
+    try:
+        yield staging
+        os.chmod(staging, 0o755)
+        os.rename(staging, path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
         raise
 
 

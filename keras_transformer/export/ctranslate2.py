@@ -35,14 +35,12 @@ scores better. Beam outputs can differ where hypotheses are close.
 
 import json
 import os
-import shutil
-import tempfile
 
 import numpy as np
 import tensorflow as tf
 
 from keras_transformer.inference.tracing import graph_function
-from keras_transformer.saving import first_line
+from keras_transformer.saving import directory_written_whole, first_line
 from keras_transformer.text import load_tokenizer
 
 SETTINGS = "keras_transformer.json"
@@ -199,11 +197,8 @@ def export_ctranslate2(translator, out_dir, quantization=None):
     spec = model_spec(model, source_tokenizer.vocab, target_tokenizer.vocab,
                       special_tokens(source_tokenizer, target_tokenizer))
     spec.optimize(quantization=quantization)
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
     # Written under a hidden name and renamed when whole: a kill leaves no half model at `out_dir`.
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}-incomplete-", dir=parent)
-    try:
+    with directory_written_whole(out_dir) as staging:
         spec.save(staging)
         translator.source_tokenizer.save(os.path.join(staging, TOKENIZERS, "source"))
         translator.target_tokenizer.save(os.path.join(staging, TOKENIZERS, "target"))
@@ -224,11 +219,6 @@ def export_ctranslate2(translator, out_dir, quantization=None):
         }
         with open(os.path.join(staging, SETTINGS), "w", encoding="utf-8") as file:
             json.dump(settings, file, indent=2)
-        os.chmod(staging, 0o755)
-        os.rename(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return out_dir
 
 

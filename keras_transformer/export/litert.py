@@ -39,10 +39,8 @@ Three kinds of run, three services: `LiteRTTranslation` (`text` ->
 `continuation`, `new_tokens`; and `generate` with sampling settings).
 """
 
-import json
 import logging
 import os
-import shutil
 import tempfile
 
 import tensorflow as tf
@@ -50,7 +48,7 @@ import tensorflow as tf
 from keras_transformer.inference.generator import framed_prompts
 from keras_transformer.layers.cached_attention import cache_writes_for_litert
 from keras_transformer.on_device import MODEL_FILE, SETTINGS_FILE  # where the runner reads them
-from keras_transformer.saving import write_json
+from keras_transformer.saving import directory_written_whole, write_json
 from keras_transformer.text import SentencePieceTokenizer, WordPieceTokenizer
 from keras_transformer.text.portable import dense_rows, lowercase_table, lowercase_utf8
 
@@ -402,13 +400,7 @@ def export_litert(service, out_dir, quantization=None):
     if os.path.exists(out_dir):
         raise FileExistsError(f"{out_dir} already exists: pick another directory or remove it first")
     model = convert(service, quantization)
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    partial = tempfile.mkdtemp(prefix=".litert-", dir=parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(partial, 0o777 & ~umask)  # as os.makedirs would have made it, not mkdtemp's owner-only
-    try:
+    with directory_written_whole(out_dir) as partial:
         with open(os.path.join(partial, MODEL_FILE), "wb") as file:
             file.write(model)
         write_json(os.path.join(partial, SETTINGS_FILE), {
@@ -417,13 +409,5 @@ def export_litert(service, out_dir, quantization=None):
                                  "outputs": sorted(function.structured_outputs)}
                           for name, function in service.signatures().items()},
         })
-        os.rename(partial, out_dir)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
     return out_dir
 
-
-def read_settings(out_dir):
-    with open(os.path.join(out_dir, SETTINGS_FILE), encoding="utf-8") as file:
-        return json.load(file)

@@ -10,12 +10,10 @@ part of the graph.
 
 import json
 import os
-import shutil
-import tempfile
 
 import tensorflow as tf
 
-from keras_transformer.saving import DamagedFileError, first_line
+from keras_transformer.saving import DamagedFileError, directory_written_whole, first_line
 
 
 def _versions(export_base):
@@ -47,19 +45,13 @@ def write_version(export_base, version, service, settings_name, settings):
     """
     path = version_path(export_base, version)
     os.makedirs(export_base, exist_ok=True)
-    # Serving ignores names that are not numbers: build there, then rename.
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}-incomplete-", dir=export_base)
-    try:
+    # Serving ignores names that are not numbers: built under a hidden one, then renamed.
+    with directory_written_whole(path) as staging:
         tf.saved_model.save(service.saveable(), staging, signatures=service.signatures())
         extra = os.path.join(staging, "assets.extra")
         os.makedirs(extra, exist_ok=True)
         with open(os.path.join(extra, settings_name), "w", encoding="utf-8") as file:
             json.dump(settings, file, indent=2)
-        os.chmod(staging, 0o755)  # mkdtemp's 0700 would hide it from a server running as another user
-        os.rename(staging, path)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return path
 
 

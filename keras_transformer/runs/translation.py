@@ -15,7 +15,6 @@ import dataclasses
 import logging
 import os
 import shutil
-import tempfile
 import time
 
 from keras_transformer import data, evaluation, inference, models
@@ -147,7 +146,7 @@ def import_checkpoint(checkpoint_dir, run_dir, source_lang=None, target_lang=Non
     place, so a failed import leaves nothing behind.
     """
     from keras_transformer import pretrained
-    from keras_transformer.saving import release_freed_memory, save_model, write_json
+    from keras_transformer.saving import directory_written_whole, release_freed_memory, save_model, write_json
 
     if os.path.exists(run_dir):
         raise FileExistsError(f"{run_dir} already exists: pick a new run directory")
@@ -166,10 +165,7 @@ def import_checkpoint(checkpoint_dir, run_dir, source_lang=None, target_lang=Non
         "pretrained": {"checkpoint": os.path.abspath(checkpoint_dir), "source_lang": source_lang,
                        "target_lang": target_lang},
     })
-    parent = os.path.dirname(os.path.abspath(run_dir))
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(run_dir))}.incomplete-", dir=parent)
-    try:
+    with directory_written_whole(run_dir) as staging:
         source_tokenizer.save(runs.vocab_path(staging, "source"))
         target_tokenizer.save(runs.vocab_path(staging, "target"))
         save_model(model, runs.path(staging, runs.MODEL))
@@ -178,10 +174,6 @@ def import_checkpoint(checkpoint_dir, run_dir, source_lang=None, target_lang=Non
         runs.update_metrics(staging, {"imported": {
             "checkpoint": os.path.abspath(checkpoint_dir), "parameters": model.count_params(),
             "seconds": round(time.time() - started, 1)}})
-        os.rename(staging, run_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     logger.info("imported %s into %s (%d parameters, %.0fs)", checkpoint_dir, run_dir, model.count_params(),
                 time.time() - started)
     return config
