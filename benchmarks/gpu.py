@@ -287,8 +287,12 @@ def check_cached_greedy(model, source, tokens):
     from keras import ops
 
     prefixes = np.concatenate([np.full((source.shape[0], 1), START_ID, "int32"), tokens[:, :-1]], axis=1)
-    chosen = ops.convert_to_numpy(model((source, prefixes))).argmax(-1)
-    if not np.array_equal(chosen, tokens):
+    logits = ops.convert_to_numpy(model((source, prefixes))).astype("float32")
+    chosen = logits.argmax(-1)
+    # A random model's two best logits can tie to rounding, and the two passes round differently:
+    # where the picks differ, ours must be within rounding of the best.
+    shortfall = logits.max(-1) - np.take_along_axis(logits, tokens[..., None].astype("int64"), -1)[..., 0]
+    if (shortfall > 1e-4 * np.abs(logits).max()).any():
         raise AssertionError(f"cached greedy decoding differs from the full pass:\n{tokens}\n{chosen}")
 
 
