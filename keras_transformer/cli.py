@@ -397,8 +397,10 @@ def _generate(arguments):
     if arguments.litert:
         from keras_transformer.on_device import LiteRTModel
 
-        prompts = ([arguments.run_dir] if arguments.run_dir else []) + arguments.prompts
-        for generated in LiteRTModel(arguments.litert).generate(prompts or _lines_from_stdin(), **settings):
+        prompts = ([arguments.run_dir] if arguments.run_dir else []) + arguments.prompts or _lines_from_stdin()
+        if not prompts:
+            raise ValueError("give prompts as arguments or on stdin, one a line")
+        for generated in LiteRTModel(arguments.litert).generate(prompts, **settings):
             print(generated)
         return
     if not arguments.run_dir:

@@ -91,26 +91,38 @@ class LiteRTModel:
                 num_threads=num_threads or os.cpu_count(),
             )
             self._runner = self.interpreter.get_signature_runner("serving_default")
-            self._runner(text=np.array([b""], dtype=object))  # the delegate announces itself on the first run
+            self._generate = self.interpreter.get_signature_runner("generate") if self.kind == "language_model" else None
+            # The delegate announces itself on the first run: one empty text, one token at most.
+            if self._generate is None:
+                self._runner(text=_checked_texts([""]))
+            else:
+                self._generate(text=_checked_texts([""]), seed=np.int32(0), temperature=np.float32(0),
+                               top_k=np.int32(0), top_p=np.float32(1), max_new_tokens=np.int32(1))
 
     def run(self, texts, **inputs):
         """The signature's outputs for `texts` (a list of strings) and any other `inputs`, as NumPy arrays."""
-        return self._runner(text=_checked_texts(texts), **inputs)
+        return self._answer(self._runner, _checked_texts(texts), **inputs)
+
+    @staticmethod
+    def _answer(runner, texts, **inputs):
+        """`runner`'s outputs; for an empty batch, empty outputs without running (LiteRT's kernels refuse one)."""
+        if len(texts):
+            return runner(text=texts, **inputs)
+        return {name: np.zeros([0, *detail["shape"][1:]], object if detail["dtype"] is np.bytes_ else detail["dtype"])
+                for name, detail in runner.get_output_details().items()}
 
     def translate(self, texts, batch_size=32):
         """Python strings in, translations out, in batches."""
         self._require("translation", "translate")
-        _checked_texts(texts)  # the whole request, before any batch of it runs
-        return [text.decode("utf-8") for batch in _batches(texts, batch_size)
-                for text in self.run(batch)["translation"]]
+        return [text.decode("utf-8") for batch in _batches(_checked_texts(texts), batch_size)
+                for text in self._answer(self._runner, batch)["translation"]]
 
     def classify(self, texts, batch_size=32):
         """`[(label, its probability)]`, one per text (as `keras-transformer classify` prints them)."""
         self._require("classification", "classify")
-        _checked_texts(texts)
         results = []
-        for batch in _batches(texts, batch_size):
-            outputs = self.run(batch)
+        for batch in _batches(_checked_texts(texts), batch_size):
+            outputs = self._answer(self._runner, batch)
             results.extend((label.decode("utf-8"), float(row.max()))
                            for label, row in zip(outputs["label"], outputs["probabilities"]))
         return results
@@ -122,28 +134,31 @@ class LiteRTModel:
         draws repeat. A setting out of range is refused in one line.
         """
         self._require("language_model", "generate")
-        _checked_texts(prompts)
+        prompts = _checked_texts(prompts)
         settings = {name: self.settings[name] if value is None else value for name, value in
                     (("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
                      ("max_new_tokens", max_new_tokens))}
         problem = _setting_problem(settings, self.settings["max_length"])
         if problem:
             raise ValueError(problem)
-        runner = self.interpreter.get_signature_runner("generate")
         inputs = {"seed": np.int32(seed), "temperature": np.float32(settings["temperature"]),
                   "top_k": np.int32(settings["top_k"]), "top_p": np.float32(settings["top_p"]),
                   "max_new_tokens": np.int32(settings["max_new_tokens"])}
         return [text.decode("utf-8") for batch in _batches(prompts, 32)
-                for text in runner(text=_checked_texts(batch), **inputs)["text"]]
+                for text in self._answer(self._generate, batch, **inputs)["text"]]
 
     def _require(self, kind, command):
         if self.kind != kind:
             raise ValueError(f"{command} needs a {kind} export; this one holds a {self.kind}")
 
 
-# What the runtimes print while they start: TensorFlow's C++ library's logger preamble and INFO lines
-# as it loads, and LiteRT's "INFO: Created TensorFlow Lite XNNPACK delegate for CPU."
-_START_UP_NOISE = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\)|[IWE]\d{4} |INFO: )")
+# What the runtimes print while they start: TensorFlow's C++ library's logger preamble, INFO/WARNING
+# lines and "failed call to cuInit" as it loads, and LiteRT's "INFO: Created TensorFlow Lite XNNPACK
+# delegate for CPU." Any other line (an error) is passed on.
+_START_UP_NOISE = re.compile(
+    r"^(WARNING: All log messages before absl::InitializeLog\(\)|[IW]\d{4} |E\d{4} .*failed call to cuInit|INFO: Created "
+    r"TensorFlow Lite XNNPACK delegate)"
+)
 
 
 def _setting_problem(settings, max_length):
@@ -174,5 +189,5 @@ def _checked_texts(texts):
 
 
 def _batches(texts, batch_size):
-    texts = list(texts)
+    """`texts` (a checked array) in slices of `batch_size`."""
     return [texts[start:start + batch_size] for start in range(0, len(texts), batch_size)]

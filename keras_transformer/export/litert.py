@@ -60,8 +60,9 @@ TEXT_OPERATORS = frozenset({
     "TFText>ByteSplitWithOffsets", "TFText>ByteSplitByOffsets", "RaggedTensorToTensor", "TFText>Utf8Binarize",
     "TFText>WhitespaceTokenize",
 })
-# Lowercasing reads at most this many bytes of a text per position of the model's input: more
-# than any `max_length` tokens take (the tokenizer cuts the rest anyway).
+# Lowercasing reads at most this many bytes of a text per position of the model's input (the
+# tokenizer cuts at `max_length` tokens anyway). Only a text whose first `max_length` tokens average
+# more than this (words of 30 letters and more, each one [UNK]) is cut sooner than the SavedModel cuts it.
 BYTES_PER_POSITION = 32
 
 
@@ -340,6 +341,14 @@ class LiteRTGeneration(LiteRTService):
                 "lowercase": self.source.lower_case, "max_bytes": self.source.max_bytes}
 
 
+def check_request(out_dir, quantization):
+    """A ValueError or FileExistsError for what `export_litert` would refuse: checked before any model is loaded."""
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS} (or none, for float32), got {quantization!r}")
+    if os.path.exists(out_dir):
+        raise FileExistsError(f"{out_dir} already exists: pick another directory or remove it first")
+
+
 def convert(service, quantization=None):
     """The LiteRT file (bytes) of `service`'s signatures: builtin operators and tensorflow-text's only."""
     if quantization is not None and quantization not in QUANTIZATIONS:
@@ -397,8 +406,7 @@ def export_litert(service, out_dir, quantization=None):
     whole: a failed conversion leaves nothing, and an existing `out_dir` is
     refused before any work.
     """
-    if os.path.exists(out_dir):
-        raise FileExistsError(f"{out_dir} already exists: pick another directory or remove it first")
+    check_request(out_dir, quantization)
     model = convert(service, quantization)
     with directory_written_whole(out_dir) as partial:
         with open(os.path.join(partial, MODEL_FILE), "wb") as file:

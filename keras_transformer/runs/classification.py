@@ -240,10 +240,7 @@ def export_litert(run_dir, out_dir, quantization=None):
     """Write the run's classifier as a LiteRT file in the new directory `out_dir` (`export.litert`); returns it."""
     from keras_transformer.export import litert
 
-    if quantization is not None and quantization not in litert.QUANTIZATIONS:
-        raise ValueError(f"--quantization for LiteRT must be one of {litert.QUANTIZATIONS} (or none), got {quantization!r}")
-    if os.path.exists(out_dir):
-        raise FileExistsError(f"{out_dir} already exists: pick another directory or remove it first")
+    litert.check_request(out_dir, quantization)  # before the model is loaded
     classifier = Classifier(run_dir)
     service = litert.LiteRTClassification(classifier.model, classifier.tokenizer, classifier.max_length,
                                           classifier.class_names)

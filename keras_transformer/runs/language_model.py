@@ -13,7 +13,6 @@ and perplexity skip padding.
 import gzip
 import logging
 import math
-import os
 import random
 
 import numpy as np
@@ -214,10 +213,7 @@ def export_litert(run_dir, out_dir, quantization=None):
     """Write the run's generator as a LiteRT file in the new directory `out_dir` (`export.litert`); returns it."""
     from keras_transformer.export import litert
 
-    if quantization is not None and quantization not in litert.QUANTIZATIONS:
-        raise ValueError(f"--quantization for LiteRT must be one of {litert.QUANTIZATIONS} (or none), got {quantization!r}")
-    if os.path.exists(out_dir):
-        raise FileExistsError(f"{out_dir} already exists: pick another directory or remove it first")
+    litert.check_request(out_dir, quantization)  # before the model is loaded
     return litert.export_litert(litert.LiteRTGeneration(load_generator(run_dir)), out_dir, quantization)
 
 

@@ -508,11 +508,7 @@ def export_litert(run_dir, out_dir, quantization=None, beam_size=None, length_al
     """Write the run's translator as a LiteRT file in the new directory `out_dir` (`export.litert`); returns it."""
     from keras_transformer.export import litert
 
-    # What can be refused is refused before the model is loaded.
-    if quantization is not None and quantization not in litert.QUANTIZATIONS:
-        raise ValueError(f"--quantization for LiteRT must be one of {litert.QUANTIZATIONS} (or none), got {quantization!r}")
-    if os.path.exists(out_dir):
-        raise FileExistsError(f"{out_dir} already exists: pick another directory or remove it first")
+    litert.check_request(out_dir, quantization)  # before the model is loaded
     translator = load_translator(
         run_dir, beam_size=beam_size, length_alpha=length_alpha, max_output_length=max_output_length
     )

@@ -129,6 +129,9 @@ def lowercase_utf8(texts, table, max_bytes):
         within = length >= extra
         well_formed &= ~within | continues(byte)
         point = tf.where(within, point * 64 + (byte - 0x80), point)
+    # Nor overlong (C0 AF for "/"), a surrogate, or past U+10FFFF: those pass through byte by byte too.
+    shortest = tf.gather(tf.constant([0, 0, 0x80, 0x800, 0x10000]), length)
+    well_formed &= (point >= shortest) & ~((point >= 0xD800) & (point < 0xE000)) & (point <= 0x10FFFF)
     columns = tf.range(max_bytes)[None, :]
     starts = well_formed & (columns + length <= lengths[:, None])
 
@@ -142,6 +145,14 @@ def lowercase_utf8(texts, table, max_bytes):
     for back in (1, 2, 3):
         started_before = tf.pad(in_table & (length > back), [[0, 0], [back, 0]])[:, :max_bytes]
         inside |= started_before
+    # Unicode's one contextual lowercase rule, as TensorFlow applies it: a capital sigma that ends a word
+    # (after a letter, before none) is "ς", not "σ". A letter here: an ASCII one or any non-ASCII byte.
+    def letter(byte):
+        return ((byte >= 0x41) & (byte <= 0x5A)) | ((byte >= 0x61) & (byte <= 0x7A)) | (byte >= 0x80)
+
+    before = tf.pad(values[:, :-1], [[0, 0], [1, 0]])
+    final_sigma = in_table & (point == 0x3A3) & letter(before) & ~letter(following[1])
+    lowered = tf.where(final_sigma[..., None], tf.constant([0xCF, 0x82, _NOTHING, _NOTHING]), lowered)
     slots = tf.where(in_table[..., None], lowered, as_it_came)
     slots = tf.where((inside | (columns >= lengths[:, None]))[..., None], _NOTHING, slots)
     strings = tf.gather(tf.constant(_ONE_BYTE_STRINGS), tf.reshape(slots, [-1, max_bytes * _SLOTS]))  # a known width
