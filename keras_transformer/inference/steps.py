@@ -161,7 +161,8 @@ def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache
             tokens[:, None], layers, index, encoder_padding_mask=context["source_mask"],
             output_kernel=output_kernel, rows_per_source=rows_per_source,
         )
-        return logits[:, 0], [layer["self_attention"] for layer in layers]
+        # Squeezed, not indexed: LiteRT copies an indexed slice element by element (`layers.cached_attention`).
+        return tf.squeeze(logits, 1), [layer["self_attention"] for layer in layers]
 
     return cached_step, own_keys_values, context
 
@@ -193,7 +194,7 @@ def language_model_step(model, batch_size, max_length, use_cache=True):
     def cached_step(tokens, cache, index, context):
         layers = [{"self_attention": own} for own in cache]
         logits, layers = model.decode_step(tokens[:, None], layers, index)
-        return logits[:, 0], [layer["self_attention"] for layer in layers]
+        return tf.squeeze(logits, 1), [layer["self_attention"] for layer in layers]
 
     return cached_step, [layer["self_attention"] for layer in model.build_cache(batch_size, max_length)]
 
