@@ -24,6 +24,8 @@ setup(
         "matplotlib",
         # Pretrained checkpoints' weights, read as NumPy arrays (no PyTorch needed).
         "safetensors",
+        # SentencePiece's model format: a BPE model's character model and merges for a LiteRT export.
+        "sentencepiece>=0.2",
     ],
     extras_require={
         # The gRPC client of examples/serving_client.py.

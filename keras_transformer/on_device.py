@@ -111,11 +111,43 @@ class LiteRTModel:
         return {name: np.zeros([0, *detail["shape"][1:]], object if detail["dtype"] is np.bytes_ else detail["dtype"])
                 for name, detail in runner.get_output_details().items()}
 
-    def translate(self, texts, batch_size=32):
-        """Python strings in, translations out, in batches."""
+    def translate(self, texts, batch_size=32, source_language=None, target_language=None):
+        """Python strings in, translations out, in batches.
+
+        A multilingual export (M2M100, NLLB: `settings["languages"]`) takes
+        `source_language` and `target_language`, each a code for every text
+        or a list of one code per text; without them it translates the pair
+        it was imported for.
+        """
         self._require("translation", "translate")
-        return [text.decode("utf-8") for batch in _batches(_checked_texts(texts), batch_size)
-                for text in self._answer(self._runner, batch)["translation"]]
+        texts = _checked_texts(texts)
+        if source_language is None and target_language is None:
+            return [text.decode("utf-8") for batch in _batches(texts, batch_size)
+                    for text in self._answer(self._runner, batch)["translation"]]
+        codes = [self._language_codes(value, name, len(texts))
+                 for name, value in (("source_language", source_language), ("target_language", target_language))]
+        runner = self.interpreter.get_signature_runner("translate_between")
+        return [text.decode("utf-8") for start in range(0, len(texts), batch_size)
+                for text in self._answer(runner, texts[start:start + batch_size],
+                                         source_language=codes[0][start:start + batch_size],
+                                         target_language=codes[1][start:start + batch_size])["translation"]]
+
+    def _language_codes(self, codes, name, count):
+        """`codes` (one for all texts, or one per text) as the file's input, or a one-line ValueError."""
+        languages = self.settings.get("languages")
+        if not languages:
+            raise ValueError("this export translates the one language pair it was made for: it takes no "
+                             "source_language or target_language")
+        if codes is None:
+            raise ValueError(f"{name} is missing: give both languages, or neither")
+        codes = [codes] * count if isinstance(codes, str) else list(codes)
+        if len(codes) != count:
+            raise ValueError(f"{name} must be one code, or one code per text ({count}); got {len(codes)}")
+        unknown = sorted({str(code) for code in codes if code not in languages})
+        if unknown:
+            raise ValueError(f"{name} must be a language code of this model ({len(languages)} codes: "
+                             f"{', '.join(languages[:4])}, ...); got {', '.join(unknown[:4])}")
+        return np.array([code.encode("utf-8") for code in codes], dtype=object).reshape([count])
 
     def classify(self, texts, batch_size=32):
         """`[(label, its probability)]`, one per text (as `keras-transformer classify` prints them)."""

@@ -251,37 +251,41 @@ def test_keras_export_to_litert_gives_the_models_logits_with_builtin_operators(t
         np.testing.assert_allclose(list(outputs.values())[0], expected, atol=1e-5, err_msg=name)
 
 
+# Every pretrained fixture, with the language pair an M2M100 or NLLB import is made for, and another.
+PRETRAINED = {"marian-shared-swish": None, "marian-separate-relu": None,
+              "m2m100-en-de": (("en", "de"), ("en", "fr")), "nllb-en-de": (("eng_Latn", "deu_Latn"), ("eng_Latn", "fra_Latn"))}
+
+
 @pytest.fixture(scope="session")
-def marian_exports(tmp_path_factory):
-    """Both Marian fixtures imported as runs, each exported greedy and with the checkpoint's beam 4."""
+def pretrained_exports(tmp_path_factory):
+    """Every pretrained fixture imported as a run, each exported greedy and with the checkpoint's beam 4."""
     from test_pretrained import FIXTURES
 
     def build(directory):
-        for name in MARIAN:
-            translation.import_checkpoint(str(FIXTURES / name), str(directory / name))
+        for name, pairs in PRETRAINED.items():
+            source_lang, target_lang = pairs[0] if pairs else (None, None)
+            translation.import_checkpoint(str(FIXTURES / name), str(directory / name), source_lang=source_lang,
+                                          target_lang=target_lang)
             for search, beam_size in (("greedy", 1), ("beam", 4)):
                 translation.export_litert(str(directory / name), str(directory / f"{name}-{search}"),
                                           beam_size=beam_size)
         return {}
 
-    directory, _ = built_once(tmp_path_factory, "litert-marian", build)
+    directory, _ = built_once(tmp_path_factory, "litert-pretrained", build)
     return Path(directory)
 
 
-MARIAN = ("marian-shared-swish", "marian-separate-relu")
-
-
-@pytest.mark.parametrize("name", MARIAN)
+@pytest.mark.parametrize("name", list(PRETRAINED))
 @pytest.mark.slow
-def test_an_imported_marian_checkpoint_translates_on_device_as_its_run_and_hugging_face_do(marian_exports, name):
+def test_an_imported_checkpoint_translates_on_device_as_its_run_and_hugging_face_do(pretrained_exports, name):
     from test_pretrained import expected
 
     recorded, _ = expected(name)
     sentences = recorded["sources"] + [">>deu<< A dog.", "  spaces  around  ", "x" * 200]
     for search, beam_size in (("greedy", 1), ("beam", 4)):
-        translator = translation.load_translator(str(marian_exports / name), beam_size=beam_size)
+        translator = translation.load_translator(str(pretrained_exports / name), beam_size=beam_size)
         runs_own = translator(tf.constant(sentences))
-        on_device = LiteRTModel(marian_exports / f"{name}-{search}").run(sentences)
+        on_device = LiteRTModel(pretrained_exports / f"{name}-{search}").run(sentences)
         ours = [text.decode() for text in runs_own["translation"].numpy()]
         theirs = [text.decode() for text in on_device["translation"]]
         if beam_size == 1:
@@ -293,14 +297,55 @@ def test_an_imported_marian_checkpoint_translates_on_device_as_its_run_and_huggi
             assert np.all(on_device["score"] >= runs_own["score"].numpy() - 1e-4)
 
 
+@pytest.mark.parametrize("name", [name for name, pairs in PRETRAINED.items() if pairs])
+@pytest.mark.slow
+def test_a_multilingual_file_translates_each_texts_own_language_pair_and_refuses_unknown_codes(pretrained_exports,
+                                                                                              name):
+    (source, target), (other_source, other_target) = PRETRAINED[name]
+    translator = translation.load_translator(str(pretrained_exports / name), beam_size=1)
+    model = LiteRTModel(pretrained_exports / f"{name}-greedy")
+    sentences = ["A dog runs in the park.", "Two men play football.", "", "A woman reads a book."]
+    sources, targets = [source, other_source] * 2, [target, other_target] * 2
+    ours = translator.translate_between(tf.constant(sentences), tf.constant(sources), tf.constant(targets))
+    assert model.translate(sentences, source_language=sources, target_language=targets) == [
+        text.decode() for text in ours["translation"].numpy()]
+    # The pair the file was made for is what it translates without codes.
+    assert model.translate(sentences[:2], source_language=source, target_language=target) == model.translate(
+        sentences[:2])
+    for codes, message in (({"source_language": "Klingon", "target_language": target}, "must be a language code"),
+                           ({"source_language": [source], "target_language": target}, "one code per text"),
+                           ({"target_language": target}, "source_language is missing")):
+        with pytest.raises(ValueError, match=message) as refused:
+            model.translate(sentences[:2], **codes)
+        assert "\n" not in str(refused.value)
+    assert model.translate(sentences[:1]) == model.translate(sentences[:1])  # and it serves on
+    with pytest.raises(ValueError, match="takes no source_language"):
+        LiteRTModel(pretrained_exports / "marian-shared-swish-greedy").translate(["A dog."], source_language="en",
+                                                                                target_language="de")
+
+
 @pytest.mark.parametrize("name", ["m2m100-en-de", "nllb-en-de"])
-def test_a_tokenizer_litert_cannot_run_is_refused_in_one_line_before_anything_is_written(name, tmp_path):
+def test_a_bpe_model_segments_on_device_as_the_checkpoints_tokenizer(name, tmp_path):
+    """LiteRT's kernel runs unigram models: a BPE model's merges run in the graph (`text.bpe_merges`)."""
     from test_pretrained import FIXTURES
 
-    run = tmp_path / "run"
-    translation.import_checkpoint(str(FIXTURES / name), str(run), source_lang="en" if "m2m" in name else "eng_Latn",
-                                  target_lang="de" if "m2m" in name else "deu_Latn")
+    translation.import_checkpoint(str(FIXTURES / name), str(tmp_path / "run"), *PRETRAINED[name][0])
+    tokenizer = translation.load_translator(str(tmp_path / "run")).source_tokenizer
+    texts = [source for source, _ in demo_corpus()["val"][:200]] + TOKENIZER_SENTENCES + ["  two  spaces ", "   ", " a", "a ", "naïve café 東京"]
+    on_device = litert.LiteRTTokenizer(tokenizer, 512).pieces(tf.constant(texts)).to_list()
+    assert on_device == tokenizer.tokenize(tf.constant(texts), add_start_end=False).to_list()
+
+
+def test_a_tokenizer_litert_cannot_run_is_refused_in_one_line(tmp_path):
+    """A unigram model on text split at every space (no checkpoint we import has one)."""
+    from test_pretrained import FIXTURES
+
+    from keras_transformer.text import SentencePieceTokenizer
+
+    translation.import_checkpoint(str(FIXTURES / "marian-shared-swish"), str(tmp_path / "run"))
+    marian = translation.load_translator(str(tmp_path / "run")).source_tokenizer
+    settings = {**marian.settings, "word_by_word": True}
+    tokenizer = SentencePieceTokenizer(marian.model, list(marian.checkpoint_vocab), **settings)
     with pytest.raises(ValueError, match="export a SavedModel or a CTranslate2 model instead") as refused:
-        translation.export_litert(str(run), str(tmp_path / "out"))
+        litert.LiteRTTokenizer(tokenizer, 64)
     assert "\n" not in str(refused.value)
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["run"]

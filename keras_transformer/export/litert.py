@@ -50,7 +50,8 @@ from keras_transformer.layers.cached_attention import cache_writes_for_litert
 from keras_transformer.on_device import MODEL_FILE, SETTINGS_FILE  # where the runner reads them
 from keras_transformer.saving import directory_written_whole, write_json
 from keras_transformer.text import SentencePieceTokenizer, WordPieceTokenizer
-from keras_transformer.text.portable import dense_rows, lowercase_table, lowercase_utf8
+from keras_transformer.text.bpe_merges import BPEMerges, is_bpe
+from keras_transformer.text.portable import dense_rows, left_aligned, lowercase_table, lowercase_utf8
 
 QUANTIZATIONS = ("float16", "int8")
 # The tensorflow-text kernels `tensorflow_text.tflite_registrar` registers with LiteRT, by operator name.
@@ -72,12 +73,14 @@ class LiteRTTokenizer:
     A WordPiece vocabulary runs on the same `FastWordpieceTokenizer` kernel
     as in TensorFlow (its lowercasing from a table). A checkpoint's
     SentencePiece model runs on tensorflow-text's `FastSentencepieceTokenizer`,
-    LiteRT's kernel, which reimplements SentencePiece: its ids are mapped to
-    the checkpoint's through the piece each names, and its segmentation is
-    compared with SentencePiece's own on `PROBE_SENTENCES` before anything
-    is exported; a model it segments otherwise (the BPE models of M2M100 and
-    NLLB) is refused in one line, and so is NLLB's word-by-word split. A
-    multilingual Marian's `>>xx<<` code is split off from the text's bytes.
+    LiteRT's kernel, which reimplements SentencePiece's unigram search; a
+    BPE model (M2M100's, NLLB's) gets its characters from that kernel and
+    its merges from `text.bpe_merges`. The ids are mapped to the
+    checkpoint's through the piece each names, and the segmentation is
+    compared with the checkpoint tokenizer's on `PROBE_SENTENCES` before
+    anything is exported: a model segmented otherwise is refused in one
+    line. A multilingual Marian's `>>xx<<` code is split off from the
+    text's bytes.
 
     Args:
         tokenizer: the run's `text.WordPieceTokenizer` or `text.SentencePieceTokenizer`.
@@ -104,8 +107,12 @@ class LiteRTTokenizer:
             texts = lowercase_utf8(texts, self.lowercase, self.max_bytes)
         return self._segment(texts)
 
-    def framed(self, texts):
-        """`(batch, width)` int32: the leading ids, pieces and [END], cut to `max_length` keeping [END], 0 after."""
+    def framed(self, texts, language_ids=None):
+        """`(batch, width)` int32: the leading ids, pieces and [END], cut to `max_length` keeping [END], 0 after.
+
+        `language_ids`: `(batch,)` each text's language token, in place of
+        the one prefix token (M2M100's, NLLB's source language).
+        """
         pieces = self.pieces(texts)
         leading = len(self.leading)
         lengths = tf.minimum(tf.cast(pieces.row_lengths(), tf.int32) + leading + 1, self.max_length)
@@ -113,6 +120,10 @@ class LiteRTTokenizer:
         inside = tf.pad(dense_rows(pieces, width), [[0, 0], [leading, 0]])[:, :width]  # column j: piece j - leading
         columns = tf.range(width)[None, :]
         leading_ids = tf.gather(tf.constant(self.leading + [0], tf.int32), tf.minimum(columns, leading))
+        if language_ids is not None:
+            if len(self.tokenizer.prefix_ids) != 1:
+                raise ValueError("only a tokenizer with one prefix token (a language's) takes language_ids")
+            leading_ids = tf.where(columns == leading - 1, language_ids[:, None], leading_ids)
         end = self.tokenizer.end_id
         return tf.where(columns < leading, leading_ids,
                         tf.where(columns == lengths[:, None] - 1, end, tf.where(columns < lengths[:, None], inside, 0)))
@@ -130,10 +141,13 @@ def _sentencepiece_segmenter(tokenizer):
     """`texts -> ragged ids` of a `SentencePieceTokenizer`'s pieces with LiteRT's kernel, or a ValueError."""
     import tensorflow_text as text
 
-    if tokenizer.settings.get("word_by_word"):
-        raise ValueError("the LiteRT export cannot run this checkpoint's tokenizer (text split at every space "
-                         "before SentencePiece): export a SavedModel or a CTranslate2 model instead")
-    fast = text.FastSentencepieceTokenizer(tokenizer.model)
+    settings = tokenizer.settings
+    # A BPE model (M2M100's, NLLB's): characters from the kernel, merges in the graph (`text.bpe_merges`).
+    bpe = BPEMerges(tokenizer.model, word_by_word=settings["word_by_word"]) if is_bpe(tokenizer.model) else None
+    if settings["word_by_word"] and bpe is None:
+        raise ValueError("the LiteRT export cannot run this checkpoint's tokenizer (a unigram model on text split "
+                         "at every space): export a SavedModel or a CTranslate2 model instead")
+    fast = text.FastSentencepieceTokenizer(bpe.character_model if bpe else tokenizer.model)
     # Each of the model's ids -> ours, through the piece it names; a control piece (<s>, </s>), which
     # segmentation never yields but the fast kernel gives for characters it does not know, is <unk>.
     slow = text.SentencepieceTokenizer(tokenizer.model)
@@ -146,28 +160,50 @@ def _sentencepiece_segmenter(tokenizer):
     table = tf.constant(ours, tf.int32)
     codes = [token for token in tokenizer.vocab if token.startswith(">>") and token.endswith("<<")]
 
+    def model_ids(texts):  # ragged: the SentencePiece model's ids of each text's pieces
+        if bpe is None:
+            return fast.tokenize(texts)
+        characters = fast.tokenize(texts)
+        symbols = dense_rows(characters, _longest(characters), padding=-1)
+        if bpe.word_by_word:
+            # A leading space is the first word's own "▁" (`_word_by_word`): the one put in front goes.
+            symbols = tf.where(_starts_with_space(texts)[:, None],
+                               tf.pad(symbols[:, 1:], [[0, 0], [0, 1]], constant_values=-1), symbols)
+        if settings["collapse_spaces"]:  # a run of spaces is one
+            spaces = symbols == bpe.word_start_id
+            symbols, _ = left_aligned((symbols, spaces), spaces & tf.pad(spaces[:, :-1], [[0, 0], [1, 0]]))
+        return _ragged_without(bpe.merge(symbols), -1)
+
     def segment(texts):
-        if not tokenizer.settings.get("language_code_prefix"):
-            return tf.ragged.map_flat_values(tf.gather, table, fast.tokenize(texts))
+        if not settings.get("language_code_prefix"):
+            return tf.ragged.map_flat_values(tf.gather, table, model_ids(texts))
         code, rest = _language_code_split(texts)
         code_ids = _code_ids(code, codes, tokenizer)
-        pieces = tf.ragged.map_flat_values(tf.gather, table, fast.tokenize(rest)).with_row_splits_dtype(tf.int64)
+        pieces = tf.ragged.map_flat_values(tf.gather, table, model_ids(rest)).with_row_splits_dtype(tf.int64)
         # The code's id, where there is one, as a column of its own: a where on the pieces' lengths, no mask.
-        longest = tf.reduce_max(tf.concat([tf.cast(pieces.row_lengths(), tf.int32), [0]], axis=0))
-        with_code = tf.concat([tf.where(code != "", code_ids, -1)[:, None], dense_rows(pieces, longest, padding=-1)],
-                              axis=1)
+        with_code = tf.concat([tf.where(code != "", code_ids, -1)[:, None],
+                               dense_rows(pieces, _longest(pieces), padding=-1)], axis=1)
         return _ragged_without(with_code, -1)
 
-    # The kernel must segment as SentencePiece does (it does not for BPE models). One thing it cannot do
-    # is name a character the model does not know: such a piece is <unk> on device, where the SavedModel
-    # looks its text up in the checkpoint's vocabulary (which may list it; docs/on-device.md).
+    # The kernel must segment as the checkpoint's tokenizer does (it does not when it runs a BPE model
+    # itself: hence `bpe`). One thing it cannot do is name a character the model does not know: such a
+    # piece is <unk> on device, where the SavedModel looks its text up in the checkpoint's vocabulary
+    # (which may list it; docs/on-device.md).
     probes = tf.constant(PROBE_SENTENCES)
-    same = fast.tokenize(probes).to_list() == text.SentencepieceTokenizer(tokenizer.model, out_type=tf.int32).tokenize(
-        probes).to_list()
+    if bpe is None:
+        expected = text.SentencepieceTokenizer(tokenizer.model, out_type=tf.int32).tokenize(probes)
+        same = fast.tokenize(probes).to_list() == expected.to_list()
+    else:
+        same = segment(probes).to_list() == tokenizer.tokenize(probes, add_start_end=False).to_list()
     if not same:
-        raise ValueError("LiteRT's SentencePiece kernel segments text otherwise than this checkpoint's model (a BPE "
-                         "model?): export a SavedModel or a CTranslate2 model instead")
+        raise ValueError("LiteRT's SentencePiece kernel segments text otherwise than this checkpoint's tokenizer: "
+                         "export a SavedModel or a CTranslate2 model instead")
     return segment
+
+
+def _longest(ragged):
+    """The longest row's length (0 for no rows), int32."""
+    return tf.reduce_max(tf.concat([tf.cast(ragged.row_lengths(), tf.int32), [0]], axis=0))
 
 
 def _ragged_without(values, padding):
@@ -194,12 +230,22 @@ def _language_code_split(texts):
     closes = (values == ord("<")) & (following == ord("<")) & (columns >= 2)
     starts_with_code = (values[:, 0] == ord(">")) & (values[:, 1] == ord(">")) & tf.reduce_any(closes, axis=1)
     code_end = tf.where(starts_with_code, tf.argmax(tf.cast(closes, tf.int32), axis=1, output_type=tf.int32) + 2, 0)
+    return _substrings(texts, tf.zeros_like(code_end), code_end), _substrings(texts, code_end, lengths)
 
-    def substrings(starts, ends):  # each text's bytes [start, end)
-        found = text.ByteSplitter().split_by_offsets(texts, starts[:, None], ends[:, None])
-        return tf.reshape(found.flat_values if isinstance(found, tf.RaggedTensor) else found, [-1])
 
-    return substrings(tf.zeros_like(code_end), code_end), substrings(code_end, lengths)
+def _starts_with_space(texts):
+    """`(batch,)` bool: whether each text's first byte is a space."""
+    import tensorflow_text as text
+
+    return tf.cast(dense_rows(text.ByteSplitter().split(texts), 1), tf.int32)[:, 0] == ord(" ")
+
+
+def _substrings(texts, starts, ends):
+    """Each text's bytes [start, end): tensorflow-text's split at byte offsets, one piece per text."""
+    import tensorflow_text as text
+
+    found = text.ByteSplitter().split_by_offsets(texts, starts[:, None], ends[:, None])
+    return tf.reshape(found.flat_values if isinstance(found, tf.RaggedTensor) else found, [-1])
 
 
 def _code_ids(code, codes, tokenizer):
@@ -213,6 +259,8 @@ def _code_ids(code, codes, tokenizer):
 
 
 TEXT = tf.TensorSpec([None], tf.string, name="text")
+SOURCE_LANGUAGE = tf.TensorSpec([None], tf.string, name="source_language")
+TARGET_LANGUAGE = tf.TensorSpec([None], tf.string, name="target_language")
 
 
 class LiteRTService:
@@ -235,17 +283,37 @@ class LiteRTService:
 
 
 class LiteRTTranslation(LiteRTService):
-    """A `Translator` in LiteRT's ops: `translate(text) -> {"translation", "score"}` (see the module docstring)."""
+    """A `Translator` in LiteRT's ops: `translate(text) -> {"translation", "score"}` (see the module docstring).
+
+    A multilingual checkpoint's (M2M100, NLLB) has the SavedModel's
+    `translate_between` too: `text`, `source_language`, `target_language`.
+    """
 
     def __init__(self, translator):
         self.translator = translator
         self.source = LiteRTTokenizer(translator.source_tokenizer, translator.model.max_length)
-        super().__init__(translator.model, {"translate": (self.translate, [TEXT])})
+        functions = {"translate": (self.translate, [TEXT])}
+        if translator.languages:
+            functions["translate_between"] = (self.translate_between, [TEXT, SOURCE_LANGUAGE, TARGET_LANGUAGE])
+        super().__init__(translator.model, functions)
 
     def translate(self, text):
+        return self._translation(self.source.framed(text))
+
+    def translate_between(self, text, source_language, target_language):
+        """`translate` with each text's own language pair, as `Translator.translate_between`.
+
+        LiteRT has no op that fails a request, so a code the model does not
+        name reads as its first language's: the runner checks the codes
+        before the file runs (`on_device.LiteRTModel.translate`).
+        """
         translator = self.translator
-        source_ids = self.source.framed(text)
-        tokens, scores = translator.search(source_ids, static_shapes=True)
+        source_ids = self.source.framed(text, _language_ids(source_language, translator.source_tokenizer))
+        return self._translation(source_ids, first_ids=_language_ids(target_language, translator.target_tokenizer))
+
+    def _translation(self, source_ids, first_ids=None):
+        translator = self.translator
+        tokens, scores = translator.search(source_ids, static_shapes=True, first_ids=first_ids)
         # The frame alone ([START] [END]): nothing to translate.
         empty = tf.reduce_sum(tf.cast(source_ids != 0, tf.int32), axis=1) <= translator.source_tokenizer.frame_length
         tokens = tf.where(empty[:, None], 0, tokens)
@@ -261,7 +329,16 @@ class LiteRTTranslation(LiteRTService):
             "max_extra_length": translator.max_extra_length, "max_output_length": translator.max_output_length,
             "max_source_length": translator.model.max_length,
             "lowercase": self.source.lower_case, "max_bytes": self.source.max_bytes,
+            **({"languages": translator.languages} if translator.languages else {}),
         }
+
+
+def _language_ids(codes, tokenizer):
+    """`(batch,)` our ids of the codes' language tokens; an unknown code reads as the first language's."""
+    known = tf.constant(list(tokenizer.languages))
+    token_ids = tf.constant([tokenizer.id_of(token) for token in tokenizer.languages.values()], tf.int32)
+    matches = tf.cast(tf.equal(codes[:, None], known[None, :]), tf.int32)
+    return tf.gather(token_ids, tf.argmax(matches, axis=1, output_type=tf.int32))
 
 
 class LiteRTClassification(LiteRTService):
