@@ -81,6 +81,7 @@ def test_the_options_table_matches_the_library():
     from keras_transformer.layers.embedding import POSITION_KINDS
     from keras_transformer.models.classifier import POOLINGS
     from keras_transformer.runs import options
+    from keras_transformer.text.sentencepiece import SENTENCEPIECE_MODEL_TYPES
 
     for option in options.OPTIONS:
         for task in option.tasks:
@@ -96,6 +97,7 @@ def test_the_options_table_matches_the_library():
     assert set(language_model_presets) == set(models.language_model.PRESETS)
     assert choices["model.position"] == set(POSITION_KINDS)
     assert choices["model.pooling"] == set(POOLINGS)
+    assert choices["tokenizer.sentencepiece_model"] == set(SENTENCEPIECE_MODEL_TYPES)
     assert set(cli_plot_kinds()) == set(models.attention_maps.KINDS)
 
 

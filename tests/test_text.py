@@ -108,3 +108,48 @@ def test_shared_special_ids_are_the_same_across_vocabularies():
     b = WordPieceTokenizer.learn(["A dog."] * 3, vocab_size=50)
     assert (a.pad_id, a.start_id, a.end_id) == (b.pad_id, b.start_id, b.end_id)
     np.testing.assert_array_equal(a.tokenize(["Hund"]).to_list()[0][0], 2)
+
+
+# -- SentencePiece vocabularies learned for a run (`train --tokenizer sentencepiece`) -----------------------
+
+# The tokenizer test sentences: accents, digits, CJK, emoji, case, punctuation, spaces, empty, over-long.
+SENTENCEPIECE_TEST_SENTENCES = [
+    "Ein Mann fährt Fahrrad.", "Zwei junge MÄNNER spielen Fußball im Park.", "ÉNORME Succès: 42 km/h, 3.5%!",
+    "東京タワー 🙂 emoji", "", "  two  spaces ", "ﬁne ligatures and full-width ＡＢＣ", "x" * 300, "word " * 200,
+]
+
+
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+@pytest.mark.parametrize("lower_case", [False, True])
+def test_a_learned_sentencepiece_vocabulary_gives_the_sentencepiece_packages_ids_and_decodes_as_it_does(
+        model_type, lower_case, tmp_path):
+    import sentencepiece
+
+    from keras_transformer.data import demo_corpus
+    from keras_transformer.text import SentencePieceTokenizer, load_tokenizer
+    from keras_transformer.text.sentencepiece import ID_OFFSET
+
+    texts = [source for source, _ in demo_corpus()["train"][:2000]] + SENTENCES
+    tokenizer = SentencePieceTokenizer.learn(texts, vocab_size=300, model_type=model_type, lower_case=lower_case)
+    assert SentencePieceTokenizer.learn(texts, vocab_size=300, model_type=model_type,
+                                        lower_case=lower_case).model == tokenizer.model  # the same texts, the same model
+    processor = sentencepiece.SentencePieceProcessor(model_proto=tokenizer.model)
+    assert processor.get_piece_size() <= 300
+    ours = tokenizer.tokenize(SENTENCEPIECE_TEST_SENTENCES, add_start_end=False).to_list()
+    assert ours == [[piece + ID_OFFSET for piece in processor.encode(text)] for text in SENTENCEPIECE_TEST_SENTENCES]
+    framed = tokenizer.tokenize(SENTENCEPIECE_TEST_SENTENCES).to_list()
+    assert all(row[0] == tokenizer.start_id and row[-1] == tokenizer.end_id for row in framed)
+    decoded = [text.decode() for text in tokenizer.detokenize(tf.ragged.constant(framed)).numpy()]
+    # Decoding inverts the ids, as SentencePiece's own decoding does (an unknown character is dropped).
+    known = [index for index, row in enumerate(ours) if tokenizer.unk_id not in row]
+    assert len(known) >= 5
+    assert [decoded[index] for index in known] == [
+        processor.decode(processor.encode(SENTENCEPIECE_TEST_SENTENCES[index])) for index in known]
+    if lower_case:
+        assert decoded[1] == "zwei junge männer spielen fußball im park."
+    tokenizer.save(tmp_path / "vocab")
+    assert load_tokenizer(str(tmp_path / "vocab")).tokenize(SENTENCEPIECE_TEST_SENTENCES).to_list() == framed
+    with pytest.raises(ValueError, match="model_type must be one of"):
+        SentencePieceTokenizer.learn(texts, model_type="wordpiece")
+    with pytest.raises(ValueError, match="needs some text"):
+        SentencePieceTokenizer.learn(["", "  "])

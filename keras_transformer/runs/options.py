@@ -32,6 +32,9 @@ LANGUAGE_MODEL_DATASETS = ("imdb", "multi30k-en", "multi30k-de")
 # How a language model's texts become training sequences: packed into full windows, or one text a row.
 PACKINGS = ("windows", "lines")
 LANGUAGE_MODEL_PRESETS = ("small", "gpt2-small")
+# A translation run's vocabularies: learned WordPiece, or SentencePiece (`text.SentencePieceTokenizer.learn`).
+TOKENIZER_KINDS = ("wordpiece", "sentencepiece")
+SENTENCEPIECE_MODEL_TYPES = ("unigram", "bpe")
 # Class names of the built-in sentiment sets, for `classify` and the export.
 SENTIMENT_LABELS = ("negative", "positive")
 
@@ -69,7 +72,8 @@ DEFAULTS = {
             "limit_val": None,
         },
         # The vocabulary is learned from a seeded sample of at most this many training pairs.
-        "tokenizer": {"vocab_size": 8000, "shared": False, "lower_case": False, "vocab_sample": 1_000_000},
+        "tokenizer": {"kind": "wordpiece", "vocab_size": 8000, "shared": False, "lower_case": False,
+                      "vocab_sample": 1_000_000, "sentencepiece_model": "unigram", "character_coverage": 1.0},
         "model": {"preset": "small"},  # plus any Transformer argument
         "training": {
             "epochs": 10,
@@ -280,7 +284,13 @@ OPTIONS = (
     Option("data", "limit_train", int, "use only the first N training examples", metavar="N"),
     Option("data", "limit_val", int, "use only the first N validation examples", metavar="N"),
     # tokenizer
-    Option("tokenizer", "vocab_size", int, "WordPiece vocabulary size"),
+    Option("tokenizer", "kind", help="wordpiece (ours), or sentencepiece (the translation toolkits' kind, which "
+           "Hugging Face's Marian models read)", choices=TOKENIZER_KINDS, flag="--tokenizer", tasks=_TRANSLATION),
+    Option("tokenizer", "vocab_size", int, "vocabulary size"),
+    Option("tokenizer", "sentencepiece_model", help="--tokenizer sentencepiece: unigram (the default) or bpe",
+           choices=SENTENCEPIECE_MODEL_TYPES, tasks=_TRANSLATION),
+    Option("tokenizer", "character_coverage", float, "--tokenizer sentencepiece: the share of the text's characters "
+           "the vocabulary knows (1.0; 0.9995 for Chinese or Japanese)", tasks=_TRANSLATION),
     Option("tokenizer", "shared", bool, "one vocabulary for both languages", flag="--shared-vocab", tasks=_TRANSLATION),
     Option("tokenizer", "lower_case", bool, "lowercase all text", tasks=_TRANSLATION),
     Option("tokenizer", "vocab_sample", int, "learn the vocabulary from a seeded sample of at most N training "

@@ -569,15 +569,23 @@ def has_tokenizer(run_dir, name):
     return os.path.exists(os.path.join(vocab_path(run_dir, name), text.TOKENIZER_SETTINGS))  # written last
 
 
-def learn_or_load_tokenizer(run_dir, name, texts, vocab_size, lower_case, reserved_tokens=None):
-    """The run's tokenizer `name`: loaded when the run has it, else learned from `texts` and saved."""
+def learn_or_load_tokenizer(run_dir, name, texts, vocab_size, lower_case, reserved_tokens=None, sentencepiece=None):
+    """The run's tokenizer `name`: loaded when the run has it, else learned from `texts` and saved.
+
+    WordPiece, or with `sentencepiece` (`{"model_type", "character_coverage"}`)
+    a SentencePiece model (`text.SentencePieceTokenizer.learn`).
+    """
     folder = vocab_path(run_dir, name)
     if has_tokenizer(run_dir, name):
         return text.load_tokenizer(folder)
     started = time.time()
-    tokenizer = text.WordPieceTokenizer.learn(
-        texts, vocab_size=vocab_size, lower_case=lower_case, reserved_tokens=reserved_tokens or text.RESERVED_TOKENS
-    )
+    if sentencepiece is not None:
+        tokenizer = text.SentencePieceTokenizer.learn(texts, vocab_size=vocab_size, lower_case=lower_case,
+                                                      **sentencepiece)
+    else:
+        tokenizer = text.WordPieceTokenizer.learn(
+            texts, vocab_size=vocab_size, lower_case=lower_case, reserved_tokens=reserved_tokens or text.RESERVED_TOKENS
+        )
     tokenizer.save(folder)
     logger.info("learned a vocabulary of %d tokens (%s) in %.0fs", tokenizer.vocab_size, folder, time.time() - started)
     return tokenizer

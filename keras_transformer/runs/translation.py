@@ -86,6 +86,9 @@ def tokenizers(run_dir, tokenizer_config, train_split=None, seed=0):
         return runs.load_tokenizer(run_dir, "source"), runs.load_tokenizer(run_dir, "target")
     names = ("shared",) if tokenizer_config["shared"] else ("source", "target")
     settings = dict(vocab_size=tokenizer_config["vocab_size"], lower_case=tokenizer_config["lower_case"])
+    if tokenizer_config.get("kind", "wordpiece") == "sentencepiece":  # a run made before the option: WordPiece
+        settings["sentencepiece"] = dict(model_type=tokenizer_config["sentencepiece_model"],
+                                         character_coverage=tokenizer_config["character_coverage"])
     sources = targets = ()
     if train_split is not None and not all(runs.has_tokenizer(run_dir, name) for name in names):
         started, lines = time.time(), train_split.count()

@@ -22,6 +22,7 @@ sees. What a user sees, text and token strings, is the checkpoint's.
 """
 
 import hashlib
+import io
 import json
 import os
 
@@ -38,6 +39,8 @@ OUR_PADDING = "<keras_transformer:padding>"
 # A saved tokenizer's files: the SentencePiece model(s), the vocabulary, the settings (written last).
 ENCODE_MODEL, DECODE_MODEL, VOCAB_FILE = "sentencepiece.model", "sentencepiece-decode.model", "vocab.json"
 KIND = "sentencepiece"
+# The models `learn` makes (SentencePiece's own names).
+SENTENCEPIECE_MODEL_TYPES = ("unigram", "bpe")
 
 
 class SentencePieceTokenizer(tf.Module):
@@ -190,6 +193,43 @@ class SentencePieceTokenizer(tf.Module):
         framing = {key: value for key, value in self.settings.items() if key != "languages"}
         digest.update(json.dumps([list(self.checkpoint_vocab), framing], sort_keys=True).encode("utf-8"))
         return digest.hexdigest()
+
+    # -- a vocabulary of a run's own ---------------------------------------------------
+
+    @classmethod
+    def learn(cls, texts, vocab_size=8000, model_type="unigram", character_coverage=1.0, lower_case=False):
+        """A new SentencePiece vocabulary learned from `texts` (`train --tokenizer sentencepiece`).
+
+        What the translation toolkits learn (Marian, OpenNMT, fairseq, Hugging
+        Face's models): the `sentencepiece` package's unigram or BPE model on
+        NFKC-normalized text (case-folded with `lower_case`), "▁" for a space,
+        `<unk>`, `<s>` (the decoder's start) and `</s>`. The same texts give
+        the same model. `vocab_size` is a ceiling: a small corpus gets the
+        pieces it has. `character_coverage`: the share of the text's
+        characters the model must know (1.0 for a small alphabet, 0.9995 for
+        Chinese or Japanese, as SentencePiece advises); the rarest others
+        are `<unk>`.
+
+        Example:
+        >>> tokenizer = SentencePieceTokenizer.learn(sentences, vocab_size=4000, model_type="bpe")
+        """
+        import sentencepiece
+
+        if model_type not in SENTENCEPIECE_MODEL_TYPES:
+            raise ValueError(f"model_type must be one of {SENTENCEPIECE_MODEL_TYPES}, got {model_type!r}")
+        texts = [text for text in texts if text.strip()]
+        if not texts:
+            raise ValueError("a SentencePiece vocabulary needs some text to learn from")
+        model = io.BytesIO()
+        sentencepiece.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size, model_type=model_type,
+            character_coverage=character_coverage, normalization_rule_name="nmt_nfkc_cf" if lower_case else "nmt_nfkc",
+            unk_id=0, bos_id=1, eos_id=2, pad_id=-1, hard_vocab_limit=False, input_sentence_size=len(texts),
+            num_threads=1, minloglevel=2,  # one thread: the same pieces on every machine
+        )
+        processor = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
+        vocab = [processor.id_to_piece(index) for index in range(processor.get_piece_size())]
+        return cls(model.getvalue(), vocab, unk_token="<unk>", end_token="</s>", start_token="<s>")
 
     # -- saving, loading ---------------------------------------------------------------
 

@@ -1,0 +1,60 @@
+"""A translation run trained here on a SentencePiece vocabulary: it trains, translates, evaluates and exports."""
+
+from pathlib import Path
+
+import pytest
+from conftest import built_once
+from helpers import cli, cli_here
+
+from keras_transformer.data import demo_corpus
+from keras_transformer.runs import translation
+
+SENTENCES = [source for source, _ in demo_corpus()["val"][:8]] + ["", "Tōkyō 東京 2024 🙂 café"]
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_run(tmp_path_factory):
+    """A tiny demo translator on a shared BPE vocabulary, trained by the `train` command once per session."""
+
+    def train(directory):
+        cli_here(
+            "train", "--dataset", "demo", "--out", directory / "run", "--tokenizer", "sentencepiece",
+            "--sentencepiece-model", "bpe", "--vocab-size", 500, "--shared-vocab", "--epochs", 1,
+            "--steps-per-epoch", 100, "--warmup-steps", 100, "--limit-train", 3000, "--limit-val", 20,
+            "--cpu-replicas", 2, "--strategy", "mirrored", "--num-layers", 2, "--d-model", 64, "--num-heads", 2,
+            "--d-ff", 128, "--attention-samples", 1, "--precision", "float32", "--ema-momentum", 0.9,
+        )
+        return {}
+
+    directory, _ = built_once(tmp_path_factory, "sentencepiece-run", train)
+    return Path(directory) / "run"
+
+
+@pytest.mark.slow
+def test_a_sentencepiece_run_translates_alike_through_the_run_and_every_export(sentencepiece_run, tmp_path):
+    run = sentencepiece_run
+    config = translation.load_config(str(run))
+    assert config["tokenizer"]["kind"] == "sentencepiece"
+    assert (run / "vocab" / "shared" / "sentencepiece.model").is_file()
+    ours = translation.translate(str(run), SENTENCES)
+    assert len(set(ours)) > 3  # a model that tells sentences apart
+
+    exports = {"saved_model": tmp_path / "saved_model", "ctranslate2": tmp_path / "ct2", "litert": tmp_path / "lite"}
+    translation.export(str(run), str(exports["saved_model"]), beam_size=1)
+    translation.export_ctranslate2(str(run), str(exports["ctranslate2"]), beam_size=1)
+    translation.export_litert(str(run), str(exports["litert"]), beam_size=1)
+    greedy = translation.translate(str(run), SENTENCES, beam_size=1)
+    for road, path in exports.items():
+        # Each export read in a fresh process, as a user's command reads it.
+        printed = cli("translate", f"--{road.replace('_', '-')}", path, *SENTENCES).stdout.split("\n")[:-1]
+        assert printed == greedy, road
+
+    evaluated = cli_here("evaluate", run, "--beam-size", 1).stdout
+    assert "BLEU" in evaluated
+
+
+def test_a_sentencepiece_option_is_checked_before_anything_is_written(tmp_path):
+    refused = cli("train", "--dataset", "demo", "--out", tmp_path / "run", "--tokenizer", "sentencepiece",
+                  "--sentencepiece-model", "wordpiece", check=False)
+    assert refused.returncode == 2 and "invalid choice" in refused.stderr
+    assert not (tmp_path / "run").exists()
