@@ -287,10 +287,10 @@ OPTIONS = (
     Option("tokenizer", "kind", help="wordpiece (ours), or sentencepiece (the translation toolkits' kind, which "
            "Hugging Face's Marian models read)", choices=TOKENIZER_KINDS, flag="--tokenizer", tasks=_TRANSLATION),
     Option("tokenizer", "vocab_size", int, "vocabulary size"),
-    Option("tokenizer", "sentencepiece_model", help="--tokenizer sentencepiece: unigram (the default) or bpe",
+    Option("tokenizer", "sentencepiece_model", help="--tokenizer sentencepiece: unigram or bpe",
            choices=SENTENCEPIECE_MODEL_TYPES, tasks=_TRANSLATION),
     Option("tokenizer", "character_coverage", float, "--tokenizer sentencepiece: the share of the text's characters "
-           "the vocabulary knows (1.0; 0.9995 for Chinese or Japanese)", tasks=_TRANSLATION),
+           "the vocabulary knows (0.9995 for Chinese or Japanese)", tasks=_TRANSLATION),
     Option("tokenizer", "shared", bool, "one vocabulary for both languages", flag="--shared-vocab", tasks=_TRANSLATION),
     Option("tokenizer", "lower_case", bool, "lowercase all text", tasks=_TRANSLATION),
     Option("tokenizer", "vocab_sample", int, "learn the vocabulary from a seeded sample of at most N training "
