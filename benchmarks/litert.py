@@ -2,6 +2,7 @@
 
     python benchmarks/litert.py RUN_DIR [--sentences 128] [--threads 2]
     python benchmarks/litert.py --opus-mt-base [--sentences 32]
+    python benchmarks/litert.py --bpe-tokenizer [--vocab-size 32000]
 
 Exports the run (a trained translation run: the demo's, or the Multi30k
 recipe's) as a SavedModel, a CTranslate2 int8 model and LiteRT files
@@ -12,6 +13,13 @@ sentence at a time) and at batch 32, each timed over two rounds (the
 faster kept). Prints one JSON line per road with sentences/s, peak RSS,
 seconds to the first translation, file size and BLEU against the
 references; BENCHMARKS.md has the figures and the CPU they came from.
+
+`--bpe-tokenizer` times the tokenizer alone, as M2M100's and NLLB's files run
+it: a BPE SentencePiece model learned from Multi30k (`--vocab-size`), its
+characters from LiteRT's kernel and its merges in the graph
+(`text.bpe_merges`), against a unigram model of the same size, which the
+kernel segments alone (Marian's case): milliseconds per sentence at batch 1
+and 32.
 
 `--opus-mt-base` times an imported checkpoint of OPUS-MT-base's shape
 instead (OPUS-MT en-mg's config and tokenizer from ../shared/data, 6+6
@@ -137,6 +145,51 @@ def _pairs(config, count):
         return [(line.rstrip("\n"), "") for line in file][:count]
 
 
+def _multi30k_lines(split, language):
+    data = os.environ.get("KERAS_TRANSFORMER_DATA", os.path.join(HERE, "..", "..", "shared", "data"))
+    with open(os.path.join(data, "multi30k", f"{split}.{language}"), encoding="utf-8") as file:
+        return [line.rstrip("\n") for line in file]
+
+
+def time_tokenizers(vocab_size, sentences, threads):
+    """One JSON row per SentencePiece model type: its on-device segmentation's milliseconds per sentence."""
+    import time
+
+    import numpy as np
+    import tensorflow as tf
+    from ai_edge_litert.interpreter import InterpreterWithCustomOps
+
+    from keras_transformer.export import litert
+    from keras_transformer.on_device import text_operator_registerers
+    from keras_transformer.text import SentencePieceTokenizer
+
+    corpus = _multi30k_lines("train", "en") + _multi30k_lines("train", "de")
+    texts = np.array([line.encode() for line in _multi30k_lines("val", "en")[:sentences]], dtype=object)
+    for model_type in ("unigram", "bpe"):
+        tokenizer = SentencePieceTokenizer.learn(corpus, vocab_size=vocab_size, model_type=model_type)
+        on_device = litert.LiteRTTokenizer(tokenizer, max_length=512)
+        service = litert.LiteRTService(tf.Module(), {"framed": (lambda text: {"ids": on_device.framed(text)},
+                                                                 [litert.TEXT])})
+        interpreter = InterpreterWithCustomOps(model_content=litert.convert(service), num_threads=threads,
+                                               custom_op_registerers=text_operator_registerers())
+        runner = interpreter.get_signature_runner()
+        expected = tokenizer.tokenize(tf.constant(list(texts)), add_start_end=True).to_list()
+        row = {"model": model_type, "pieces": tokenizer.vocab_size - 1, "sentences": len(texts)}
+        for batch_size in (1, 32):
+            runner(text=texts[:batch_size])
+            best, ids = None, []
+            for _ in range(3):
+                started, ids = time.perf_counter(), []
+                for start in range(0, len(texts), batch_size):
+                    ids.extend([value for value in row_ids if value] for row_ids in
+                               runner(text=texts[start:start + batch_size])["ids"].tolist())
+                seconds = time.perf_counter() - started
+                best = seconds if best is None else min(best, seconds)
+            row[f"ms_per_sentence_b{batch_size}"] = round(1000 * best / len(texts), 3)
+            row["same_as_tensorflow"] = ids == expected
+        print(json.dumps(row), flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("run_dir", nargs="?")
@@ -144,9 +197,14 @@ def main():
     parser.add_argument("--sentences", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-output-length", type=int, default=None)
+    parser.add_argument("--bpe-tokenizer", action="store_true", help="the tokenizers alone: BPE against unigram")
+    parser.add_argument("--vocab-size", type=int, default=32000, help="--bpe-tokenizer: the models' size")
     arguments = parser.parse_args()
+    if arguments.bpe_tokenizer:
+        time_tokenizers(arguments.vocab_size, arguments.sentences, arguments.threads)
+        return
     if bool(arguments.run_dir) == arguments.opus_mt_base:
-        parser.error("give RUN_DIR or --opus-mt-base")
+        parser.error("give RUN_DIR, --opus-mt-base or --bpe-tokenizer")
 
     import sacrebleu
 
