@@ -310,15 +310,22 @@ def test_a_multilingual_file_translates_each_texts_own_language_pair_and_refuses
     assert model.translate(sentences, source_language=sources, target_language=targets) == [
         text.decode() for text in ours["translation"].numpy()]
     # The pair the file was made for is what it translates without codes.
-    assert model.translate(sentences[:2], source_language=source, target_language=target) == model.translate(
-        sentences[:2])
+    made_for = model.translate(sentences[:2])
+    assert model.translate(sentences[:2], source_language=source, target_language=target) == made_for
+    # Called directly (as an app would), the file answers a text with an unknown code with "" and NaN.
+    direct = model.interpreter.get_signature_runner("translate_between")(
+        text=np.array([text.encode() for text in sentences[:2]], dtype=object),
+        source_language=np.array([b"Klingon", source.encode()], dtype=object),
+        target_language=np.array([target.encode(), target.encode()], dtype=object))
+    assert direct["translation"][0] == b"" and np.isnan(direct["score"][0])
+    assert direct["translation"][1].decode() == made_for[1] and np.isfinite(direct["score"][1])
     for codes, message in (({"source_language": "Klingon", "target_language": target}, "must be a language code"),
                            ({"source_language": [source], "target_language": target}, "one code per text"),
                            ({"target_language": target}, "source_language is missing")):
         with pytest.raises(ValueError, match=message) as refused:
             model.translate(sentences[:2], **codes)
         assert "\n" not in str(refused.value)
-    assert model.translate(sentences[:1]) == model.translate(sentences[:1])  # and it serves on
+    assert model.translate(sentences[:2]) == made_for  # and it serves on
     with pytest.raises(ValueError, match="takes no source_language"):
         LiteRTModel(pretrained_exports / "marian-shared-swish-greedy").translate(["A dog."], source_language="en",
                                                                                 target_language="de")
@@ -331,9 +338,16 @@ def test_a_bpe_model_segments_on_device_as_the_checkpoints_tokenizer(name, tmp_p
 
     translation.import_checkpoint(str(FIXTURES / name), str(tmp_path / "run"), *PRETRAINED[name][0])
     tokenizer = translation.load_translator(str(tmp_path / "run")).source_tokenizer
-    texts = [source for source, _ in demo_corpus()["val"][:200]] + TOKENIZER_SENTENCES + ["  two  spaces ", "   ", " a", "a ", "naïve café 東京"]
+    texts = [source for source, _ in demo_corpus()["val"][:200]] + TOKENIZER_SENTENCES
+    texts += ["  two  spaces ", "   ", " a", "a ", "naïve café 東京"]
     on_device = litert.LiteRTTokenizer(tokenizer, 512).pieces(tf.constant(texts)).to_list()
     assert on_device == tokenizer.tokenize(tf.constant(texts), add_start_end=False).to_list()
+    # A long text's merges stop at the pieces the frame keeps: the same first pieces.
+    long_texts = ["A dog runs in the park. " * 400, "x" * 3000, "Zwei junge Männer " * 100 + "y" * 2000]
+    on_device = litert.LiteRTTokenizer(tokenizer, 64).pieces(tf.constant(long_texts)).to_list()
+    ours = tokenizer.tokenize(tf.constant(long_texts), add_start_end=False).to_list()
+    assert [row[:64] for row in on_device] == [row[:64] for row in ours]
+    assert all(len(row) < 64 * 30 for row in on_device)  # cut, not merged whole
 
 
 def test_a_tokenizer_litert_cannot_run_is_refused_in_one_line(tmp_path):

@@ -53,8 +53,23 @@ def test_a_sentencepiece_run_translates_alike_through_the_run_and_every_export(s
     assert "BLEU" in evaluated
 
 
-def test_a_sentencepiece_option_is_checked_before_anything_is_written(tmp_path):
-    refused = cli("train", "--dataset", "demo", "--out", tmp_path / "run", "--tokenizer", "sentencepiece",
-                  "--sentencepiece-model", "wordpiece", check=False)
-    assert refused.returncode == 2 and "invalid choice" in refused.stderr
+@pytest.mark.parametrize("options, message", [
+    (["--tokenizer", "sentencepiece", "--sentencepiece-model", "wordpiece"], "invalid choice"),
+    (["--tokenizer", "sentencepiece", "--character-coverage", 0.5], "character_coverage must be between 0.98 and 1.0"),
+    (["--sentencepiece-model", "bpe"], "--sentencepiece-model: for --tokenizer sentencepiece"),
+])
+def test_a_sentencepiece_option_that_cannot_be_used_is_refused_in_one_line_before_anything_is_written(
+        options, message, tmp_path):
+    refused = cli_here("train", "--dataset", "demo", "--out", tmp_path / "run", *options, check=False)
+    assert refused.returncode == 2 and message in refused.stderr
+    assert refused.stderr.strip().splitlines()[-1].startswith(("keras-transformer: error: ", "usage:")) or \
+        "error:" in refused.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "run").exists()
+
+
+def test_a_vocabulary_smaller_than_the_alphabet_is_refused_in_one_line():
+    from keras_transformer.text import SentencePieceTokenizer
+
+    with pytest.raises(ValueError, match="Vocabulary size is smaller than required_chars") as refused:
+        SentencePieceTokenizer.learn(SENTENCES * 10, vocab_size=8)
+    assert "\n" not in str(refused.value)

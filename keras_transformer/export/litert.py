@@ -97,12 +97,12 @@ class LiteRTTokenizer:
             self._segment = tokenizer.wordpiece.tokenize
         elif isinstance(tokenizer, SentencePieceTokenizer):
             self.leading = ([] if tokenizer.start_id is None else [tokenizer.start_id]) + tokenizer.prefix_ids
-            self._segment = _sentencepiece_segmenter(tokenizer)
+            self._segment = _sentencepiece_segmenter(tokenizer, max_length)
         else:
             raise ValueError(f"the LiteRT export has no kernel for a {type(tokenizer).__name__}")
 
     def pieces(self, texts):
-        """Ragged `(batch, None)` ids of the texts' pieces, unframed."""
+        """Ragged `(batch, None)` ids of the texts' pieces, unframed (a BPE model's: the first `max_length`)."""
         if self.lowercase is not None:
             texts = lowercase_utf8(texts, self.lowercase, self.max_bytes)
         return self._segment(texts)
@@ -137,8 +137,12 @@ PROBE_SENTENCES = [
 ]
 
 
-def _sentencepiece_segmenter(tokenizer):
-    """`texts -> ragged ids` of a `SentencePieceTokenizer`'s pieces with LiteRT's kernel, or a ValueError."""
+def _sentencepiece_segmenter(tokenizer, max_length):
+    """`texts -> ragged ids` of a `SentencePieceTokenizer`'s pieces with LiteRT's kernel, or a ValueError.
+
+    A BPE model's pieces after the first `max_length` (which the frame cuts
+    anyway) are not made: see `BPEMerges.first_pieces_only`.
+    """
     import tensorflow_text as text
 
     settings = tokenizer.settings
@@ -172,7 +176,7 @@ def _sentencepiece_segmenter(tokenizer):
         if settings["collapse_spaces"]:  # a run of spaces is one
             spaces = symbols == bpe.word_start_id
             symbols, _ = left_aligned((symbols, spaces), spaces & tf.pad(spaces[:, :-1], [[0, 0], [1, 0]]))
-        return _ragged_without(bpe.merge(symbols), -1)
+        return _ragged_without(bpe.merge(bpe.first_pieces_only(symbols, max_length)), -1)
 
     def segment(texts):
         if not settings.get("language_code_prefix"):
@@ -303,24 +307,33 @@ class LiteRTTranslation(LiteRTService):
     def translate_between(self, text, source_language, target_language):
         """`translate` with each text's own language pair, as `Translator.translate_between`.
 
-        LiteRT has no op that fails a request, so a code the model does not
-        name reads as its first language's: the runner checks the codes
-        before the file runs (`on_device.LiteRTModel.translate`).
+        LiteRT has no op that fails a request: a text whose codes the model
+        does not name gets the translation "" and the score NaN (the runner,
+        `on_device.LiteRTModel.translate`, refuses such a request before the
+        file runs).
         """
         translator = self.translator
-        source_ids = self.source.framed(text, _language_ids(source_language, translator.source_tokenizer))
-        return self._translation(source_ids, first_ids=_language_ids(target_language, translator.target_tokenizer))
+        source_ids, source_known = translator.source_tokenizer.language_lookup(source_language)
+        target_ids, target_known = translator.target_tokenizer.language_lookup(target_language)
+        outputs = self._translation(self.source.framed(text, source_ids), first_ids=target_ids,
+                                    unanswered=~(source_known & target_known))
+        return outputs
 
-    def _translation(self, source_ids, first_ids=None):
+    def _translation(self, source_ids, first_ids=None, unanswered=None):
+        """The search and the detokenizer; `unanswered` rows get "" and the score NaN."""
         translator = self.translator
         tokens, scores = translator.search(source_ids, static_shapes=True, first_ids=first_ids)
         # The frame alone ([START] [END]): nothing to translate.
         empty = tf.reduce_sum(tf.cast(source_ids != 0, tf.int32), axis=1) <= translator.source_tokenizer.frame_length
-        tokens = tf.where(empty[:, None], 0, tokens)
+        scores = tf.where(empty, 0.0, scores)
+        if unanswered is not None:
+            empty |= unanswered
+            scores = tf.where(unanswered, float("nan"), scores)
+        tokens = tf.where(empty[:, None], 0, tokens)  # no tokens: "" (LiteRT selects no strings)
         # Padded to the longest output allowed: the detokenizer's string join needs its width when traced.
         cap = translator.max_output_length
         tokens = tf.reshape(tf.pad(tokens, [[0, 0], [0, cap - tf.shape(tokens)[1]]]), [-1, cap])
-        return {"translation": translator.target_tokenizer.detokenize(tokens), "score": tf.where(empty, 0.0, scores)}
+        return {"translation": translator.target_tokenizer.detokenize(tokens), "score": scores}
 
     def settings(self):
         translator = self.translator
@@ -331,14 +344,6 @@ class LiteRTTranslation(LiteRTService):
             "lowercase": self.source.lower_case, "max_bytes": self.source.max_bytes,
             **({"languages": translator.languages} if translator.languages else {}),
         }
-
-
-def _language_ids(codes, tokenizer):
-    """`(batch,)` our ids of the codes' language tokens; an unknown code reads as the first language's."""
-    known = tf.constant(list(tokenizer.languages))
-    token_ids = tf.constant([tokenizer.id_of(token) for token in tokenizer.languages.values()], tf.int32)
-    matches = tf.cast(tf.equal(codes[:, None], known[None, :]), tf.int32)
-    return tf.gather(token_ids, tf.argmax(matches, axis=1, output_type=tf.int32))
 
 
 class LiteRTClassification(LiteRTService):

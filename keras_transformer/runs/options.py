@@ -32,7 +32,8 @@ LANGUAGE_MODEL_DATASETS = ("imdb", "multi30k-en", "multi30k-de")
 # How a language model's texts become training sequences: packed into full windows, or one text a row.
 PACKINGS = ("windows", "lines")
 LANGUAGE_MODEL_PRESETS = ("small", "gpt2-small")
-# A translation run's vocabularies: learned WordPiece, or SentencePiece (`text.SentencePieceTokenizer.learn`).
+# A translation run's vocabularies: learned WordPiece, or SentencePiece (`text.SentencePieceTokenizer.learn`);
+# an imported run's config says "pretrained" (its checkpoint's own tokenizers, `runs.translation`).
 TOKENIZER_KINDS = ("wordpiece", "sentencepiece")
 SENTENCEPIECE_MODEL_TYPES = ("unigram", "bpe")
 # Class names of the built-in sentiment sets, for `classify` and the export.
@@ -290,7 +291,7 @@ OPTIONS = (
     Option("tokenizer", "sentencepiece_model", help="--tokenizer sentencepiece: unigram or bpe",
            choices=SENTENCEPIECE_MODEL_TYPES, tasks=_TRANSLATION),
     Option("tokenizer", "character_coverage", float, "--tokenizer sentencepiece: the share of the text's characters "
-           "the vocabulary knows (0.9995 for Chinese or Japanese)", tasks=_TRANSLATION),
+           "the vocabulary knows, 0.98 to 1.0 (0.9995 for Chinese or Japanese)", tasks=_TRANSLATION),
     Option("tokenizer", "shared", bool, "one vocabulary for both languages", flag="--shared-vocab", tasks=_TRANSLATION),
     Option("tokenizer", "lower_case", bool, "lowercase all text", tasks=_TRANSLATION),
     Option("tokenizer", "vocab_sample", int, "learn the vocabulary from a seeded sample of at most N training "

@@ -569,19 +569,20 @@ def has_tokenizer(run_dir, name):
     return os.path.exists(os.path.join(vocab_path(run_dir, name), text.TOKENIZER_SETTINGS))  # written last
 
 
-def learn_or_load_tokenizer(run_dir, name, texts, vocab_size, lower_case, reserved_tokens=None, sentencepiece=None):
+def learn_or_load_tokenizer(run_dir, name, texts, vocab_size, lower_case, reserved_tokens=None,
+                            sentencepiece_settings=None):
     """The run's tokenizer `name`: loaded when the run has it, else learned from `texts` and saved.
 
-    WordPiece, or with `sentencepiece` (`{"model_type", "character_coverage"}`)
-    a SentencePiece model (`text.SentencePieceTokenizer.learn`).
+    WordPiece, or with `sentencepiece_settings` (`{"model_type",
+    "character_coverage"}`) a SentencePiece model (`text.SentencePieceTokenizer.learn`).
     """
     folder = vocab_path(run_dir, name)
     if has_tokenizer(run_dir, name):
         return text.load_tokenizer(folder)
     started = time.time()
-    if sentencepiece is not None:
+    if sentencepiece_settings is not None:
         tokenizer = text.SentencePieceTokenizer.learn(texts, vocab_size=vocab_size, lower_case=lower_case,
-                                                      **sentencepiece)
+                                                      **sentencepiece_settings)
     else:
         tokenizer = text.WordPieceTokenizer.learn(
             texts, vocab_size=vocab_size, lower_case=lower_case, reserved_tokens=reserved_tokens or text.RESERVED_TOKENS

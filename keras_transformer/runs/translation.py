@@ -21,6 +21,7 @@ from keras_transformer import data, evaluation, inference, models
 from keras_transformer.models.multi_worker import spans_workers
 from keras_transformer.runs import run_dir as runs
 from keras_transformer.runs.options import DEFAULTS, TRANSLATION, TRANSLATION_DATASETS, merge_config
+from keras_transformer.text.sentencepiece import check_sentencepiece_settings
 
 logger = logging.getLogger("keras_transformer")
 
@@ -87,8 +88,8 @@ def tokenizers(run_dir, tokenizer_config, train_split=None, seed=0):
     names = ("shared",) if tokenizer_config["shared"] else ("source", "target")
     settings = dict(vocab_size=tokenizer_config["vocab_size"], lower_case=tokenizer_config["lower_case"])
     if tokenizer_config.get("kind", "wordpiece") == "sentencepiece":  # a run made before the option: WordPiece
-        settings["sentencepiece"] = dict(model_type=tokenizer_config["sentencepiece_model"],
-                                         character_coverage=tokenizer_config["character_coverage"])
+        settings["sentencepiece_settings"] = dict(model_type=tokenizer_config["sentencepiece_model"],
+                                                  character_coverage=tokenizer_config["character_coverage"])
     sources = targets = ()
     if train_split is not None and not all(runs.has_tokenizer(run_dir, name) for name in names):
         started, lines = time.time(), train_split.count()
@@ -246,9 +247,22 @@ def train(config, run_dir, verbose=1, overwrite=False):
     epoch after the last one completed, exactly as if it had not stopped;
     see `run_dir.start` for what a rerun does with a finished run or new settings.
     """
+    _check_tokenizer_settings(merge_config(DEFAULTS[TRANSLATION], config)["tokenizer"])
     # On a cluster, only the chief writes `run_dir` (see `run_dir.written_by_this_process`).
     with runs.written_by_this_process(run_dir) as writable_run_dir:
         return _train(config, writable_run_dir, verbose, overwrite, chief_run_dir=run_dir)
+
+
+def _check_tokenizer_settings(tokenizer_config):
+    """A one-line ValueError for SentencePiece settings that cannot be used, before the run directory is touched."""
+    if tokenizer_config["kind"] == "sentencepiece":
+        check_sentencepiece_settings(tokenizer_config["sentencepiece_model"], tokenizer_config["character_coverage"])
+        return
+    defaults = DEFAULTS[TRANSLATION]["tokenizer"]
+    given = [key for key in ("sentencepiece_model", "character_coverage") if tokenizer_config[key] != defaults[key]]
+    if given and tokenizer_config["kind"] == "wordpiece":
+        flags = " and ".join("--" + key.replace("_", "-") for key in given)
+        raise ValueError(f"{flags}: for --tokenizer sentencepiece (this run learns WordPiece)")
 
 
 def _train(config, run_dir, verbose, overwrite, chief_run_dir):

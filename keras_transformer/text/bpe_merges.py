@@ -86,6 +86,9 @@ class BPEMerges:
         self.scores = np.array([score for _, _, score in merges] or [0.0], np.float32)
         self.starts_word = np.array([piece.piece.startswith(WORD_START) for piece in proto.pieces])
         self.word_start_id = ids.get(WORD_START, -1)
+        self.longest_piece = max([len(piece) for piece, _ in pieces] or [1])  # in characters
+        # SentencePiece's BPE (split_by_whitespace) keeps "▁" at a piece's start: words never merge.
+        self.pieces_within_words = not any(WORD_START in piece[1:] for piece, _ in pieces)
         for piece in proto.pieces:
             if piece.type == NORMAL:
                 piece.score = 0.0 if len(piece.piece) == 1 else _OUT_OF_REACH
@@ -110,6 +113,24 @@ class BPEMerges:
         if self.word_by_word:
             found &= ~tf.gather(tf.constant(self.starts_word), tf.maximum(right, 0))
         return found, tf.gather(tf.constant(self.merged_ids), index), tf.gather(tf.constant(self.scores), index)
+
+    def first_pieces_only(self, symbols, count):
+        """`symbols` cut to the characters that make the first `count` pieces: a turn's cost grows with the width.
+
+        A piece never spans two words, so the first `count` words hold the
+        first `count` pieces: the characters after them go. A word longer
+        than `count` of the longest pieces is cut there too (a text of one
+        such word would otherwise merge for as many turns as it has
+        characters); its first `count` pieces are then the same unless a
+        merge across the cut would have changed them.
+        """
+        if not self.pieces_within_words:
+            return symbols
+        starts = tf.gather(tf.constant(self.starts_word), tf.maximum(symbols, 0)) & (symbols >= 0)
+        words_so_far = tf.cumsum(tf.cast(starts, tf.int32), axis=1)  # a word's first character counts it
+        kept = tf.where(words_so_far <= count, symbols, -1)  # a prefix of each row
+        width = tf.reduce_max(tf.concat([tf.reduce_sum(tf.cast(kept >= 0, tf.int32), axis=1), [0]], axis=0))
+        return kept[:, :tf.minimum(width, count * self.longest_piece)]
 
     def merge(self, symbols):
         """`(rows, width)` int32 ids, -1 after each row's -> each row's BPE pieces, left-aligned, -1 after.

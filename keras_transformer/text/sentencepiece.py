@@ -43,6 +43,15 @@ KIND = "sentencepiece"
 SENTENCEPIECE_MODEL_TYPES = ("unigram", "bpe")
 
 
+def check_sentencepiece_settings(model_type, character_coverage):
+    """A one-line ValueError for settings SentencePiece's trainer refuses (checked before a run starts)."""
+    if model_type not in SENTENCEPIECE_MODEL_TYPES:
+        raise ValueError(f"model_type must be one of {SENTENCEPIECE_MODEL_TYPES}, got {model_type!r}")
+    if not 0.98 <= character_coverage <= 1.0:
+        raise ValueError(f"character_coverage must be between 0.98 and 1.0 (SentencePiece's range), "
+                         f"got {character_coverage}")
+
+
 class SentencePieceTokenizer(tf.Module):
     """Text <-> ids with a checkpoint's SentencePiece model and vocabulary, as TensorFlow ops.
 
@@ -154,6 +163,20 @@ class SentencePieceTokenizer(tf.Module):
         """`{code: token}` of the languages a request may name (empty: none)."""
         return self.settings.get("languages", {})
 
+    def language_lookup(self, codes):
+        """`(ids, known)` for `(batch,)` language codes: our ids of their tokens, and whether each is a code of ours.
+
+        An unknown code's id is the first language's: `language_ids` refuses
+        it; a LiteRT file, which has no op to refuse with, answers its row
+        with nothing (`export.litert`).
+        """
+        codes = tf.convert_to_tensor(codes, tf.string)
+        known = tf.constant(list(self.languages), tf.string)
+        token_ids = tf.constant([self.id_of(token) for token in self.languages.values()], tf.int32)
+        matches = tf.equal(codes[:, None], known[None, :])
+        return (tf.gather(token_ids, tf.argmax(tf.cast(matches, tf.int32), axis=1, output_type=tf.int32)),
+                tf.reduce_any(matches, axis=1))
+
     def language_ids(self, codes, name="language"):
         """`(batch,)` language codes -> `(batch,)` int32, our ids of their tokens.
 
@@ -163,10 +186,8 @@ class SentencePieceTokenizer(tf.Module):
         if not self.languages:
             raise ValueError("this tokenizer names no languages (only M2M100's and NLLB's do)")
         codes = tf.convert_to_tensor(codes, tf.string)
-        known = tf.constant(list(self.languages), tf.string)
-        token_ids = tf.constant([self.id_of(token) for token in self.languages.values()], tf.int32)
-        matches = tf.equal(codes[:, None], known[None, :])
-        unknown = tf.boolean_mask(codes, ~tf.reduce_any(matches, axis=1))
+        ids, known = self.language_lookup(codes)
+        unknown = tf.boolean_mask(codes, ~known)
         examples = ", ".join(list(self.languages)[:4])
         check = tf.debugging.Assert(
             tf.equal(tf.size(unknown), 0),
@@ -174,7 +195,7 @@ class SentencePieceTokenizer(tf.Module):
             summarize=4,
         )
         with tf.control_dependencies([check]):
-            return tf.gather(token_ids, tf.argmax(tf.cast(matches, tf.int32), axis=1, output_type=tf.int32))
+            return tf.identity(ids)
 
     @property
     def vocab_size(self):
@@ -215,18 +236,21 @@ class SentencePieceTokenizer(tf.Module):
         """
         import sentencepiece
 
-        if model_type not in SENTENCEPIECE_MODEL_TYPES:
-            raise ValueError(f"model_type must be one of {SENTENCEPIECE_MODEL_TYPES}, got {model_type!r}")
+        check_sentencepiece_settings(model_type, character_coverage)
         texts = [text for text in texts if text.strip()]
         if not texts:
             raise ValueError("a SentencePiece vocabulary needs some text to learn from")
         model = io.BytesIO()
-        sentencepiece.SentencePieceTrainer.train(
-            sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size, model_type=model_type,
-            character_coverage=character_coverage, normalization_rule_name="nmt_nfkc_cf" if lower_case else "nmt_nfkc",
-            unk_id=0, bos_id=1, eos_id=2, pad_id=-1, hard_vocab_limit=False, input_sentence_size=len(texts),
-            num_threads=1, minloglevel=2,  # one thread: the same pieces on every machine
-        )
+        try:
+            sentencepiece.SentencePieceTrainer.train(
+                sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size, model_type=model_type,
+                character_coverage=character_coverage,
+                normalization_rule_name="nmt_nfkc_cf" if lower_case else "nmt_nfkc",
+                unk_id=0, bos_id=1, eos_id=2, pad_id=-1, hard_vocab_limit=False,
+                num_threads=1, minloglevel=2,  # one thread: the same pieces on every machine
+            )
+        except RuntimeError as error:  # SentencePiece's own check, e.g. a vocabulary smaller than the alphabet
+            raise ValueError(f"SentencePiece cannot learn this vocabulary: {str(error).splitlines()[0]}") from None
         processor = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
         vocab = [processor.id_to_piece(index) for index in range(processor.get_piece_size())]
         return cls(model.getvalue(), vocab, unk_token="<unk>", end_token="</s>", start_token="<s>")
