@@ -4,7 +4,8 @@
 
 Reads Multi30k from --data-dir, $KERAS_TRANSFORMER_DATA/multi30k or
 ../shared/data/multi30k (downloading what is missing), learns one shared
-10000-token WordPiece vocabulary, trains a 3+3-layer d_model=256 Transformer
+10000-token WordPiece vocabulary (or SentencePiece, with --tokenizer
+sentencepiece: a unigram model, as Marian's), trains a 3+3-layer d_model=256 Transformer
 (dropout 0.3, embeddings and output layer tied) with the paper's optimizer,
 schedule and label smoothing, keeps the checkpoint with the best validation
 loss, and reports validation BLEU (cased and lowercased) with beam search
@@ -53,12 +54,14 @@ def main():
     parser.add_argument("--data-dir")
     parser.add_argument("--epochs", type=int, default=RECIPE["training"]["epochs"])
     parser.add_argument("--precision", default=RECIPE["training"]["precision"])
+    parser.add_argument("--tokenizer", choices=("wordpiece", "sentencepiece"), default="wordpiece")
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     config = options.merge_config(
         RECIPE,
         {
             "data": {"data_dir": arguments.data_dir},
+            "tokenizer": {"kind": arguments.tokenizer},
             "training": {"epochs": arguments.epochs, "precision": arguments.precision},
         },
     )
