@@ -1,4 +1,4 @@
-"""Reading a Hugging Face checkpoint directory: its settings and its weights, as NumPy.
+"""Reading and writing a Hugging Face checkpoint directory: its settings and its weights, as NumPy.
 
 A directory as `save_pretrained` writes it:
 
@@ -15,11 +15,15 @@ setting, raised before anything is written.
 
 import json
 import os
+import shutil
+import struct
 
 import ml_dtypes  # noqa: F401  (gives NumPy the bfloat16 dtype, so safetensors can hand such tensors over)
 import numpy as np
 
 CONFIG, GENERATION_CONFIG = "config.json", "generation_config.json"
+# Files every family's tokenizer may have beside its own (`save_pretrained` writes them).
+SPECIAL_TOKENS_MAP, ADDED_TOKENS = "special_tokens_map.json", "added_tokens.json"
 SAFETENSORS, SAFETENSORS_INDEX, PYTORCH_BIN = "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"
 
 
@@ -159,3 +163,56 @@ def first_line(error):
 def _widened(array):
     """float16 and bfloat16 (NumPy's through ml_dtypes, which TensorFlow brings) as float32."""
     return array.astype(np.float32) if array.dtype.name in ("float16", "bfloat16") else array
+
+
+# -- writing ---------------------------------------------------------------------------------------
+
+# safetensors' names of the dtypes a checkpoint may be written in.
+SAFETENSORS_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+
+
+def checkpoint_dtype(config):
+    """The dtype a checkpoint's `config.json` says its weights are stored in (float32 when it says none)."""
+    dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
+    return dtype if dtype in SAFETENSORS_DTYPES else "float32"
+
+
+def write_weights(path, tensors, dtype="float32"):
+    """Write `model.safetensors`: `tensors()` yields `(name, float32 array)`, the same each time it is called.
+
+    The file is an 8-byte header length, a JSON header (each tensor's dtype,
+    shape and byte range, and `{"format": "pt"}`, which `from_pretrained`
+    asks for), then the tensors' bytes. `tensors()` is called twice, once
+    for the header and once for the bytes, so that only one tensor is in
+    memory at a time beside the model (safetensors' own `save_file` would
+    hold all of them).
+    """
+    numpy_dtype = np.dtype(dtype)  # bfloat16 is ml_dtypes'
+    header, offset = {}, 0
+    for name, array in tensors():
+        size = array.size * numpy_dtype.itemsize
+        header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(array.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    header["__metadata__"] = {"format": "pt"}
+    encoded = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    encoded += b" " * (-len(encoded) % 8)  # the tensors start 8-byte aligned, as safetensors writes them
+    with open(path, "wb") as file:
+        file.write(struct.pack("<Q", len(encoded)))
+        file.write(encoded)
+        for name, array in tensors():
+            # As bytes (a view, not a copy): the buffer protocol knows no bfloat16.
+            file.write(np.ascontiguousarray(array.astype(numpy_dtype, copy=False)).reshape(-1).view(np.uint8))
+
+
+def write_json_file(directory, name, content):
+    with open(os.path.join(directory, name), "w", encoding="utf-8") as file:
+        json.dump(content, file, indent=2, ensure_ascii=False, sort_keys=True)
+        file.write("\n")
+
+
+def copy_files(from_directory, to_directory, names):
+    """Copy those of `names` that `from_directory` has (a checkpoint's settings and tokenizer files)."""
+    os.makedirs(to_directory, exist_ok=True)
+    for name in names:
+        if os.path.exists(os.path.join(from_directory, name)):
+            shutil.copyfile(os.path.join(from_directory, name), os.path.join(to_directory, name))

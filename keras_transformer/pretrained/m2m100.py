@@ -22,12 +22,11 @@ such as `eng_Latn` among its added tokens, framed the same way.
 import json
 import re
 
-import numpy as np
 
 from keras_transformer.pretrained import settings
-from keras_transformer.pretrained.checkpoint import CheckpointError, read_json_file
-from keras_transformer.pretrained.weights import set_embeddings_and_layers, set_norm, set_output
-from keras_transformer.text.sentencepiece import ID_OFFSET, SentencePieceTokenizer
+from keras_transformer.pretrained.checkpoint import ADDED_TOKENS, SPECIAL_TOKENS_MAP, CheckpointError, read_json_file
+from keras_transformer.pretrained.weights import SHARED_EMBEDDINGS, assign_all, model_weights, shared_embeddings_name
+from keras_transformer.text.sentencepiece import SentencePieceTokenizer
 
 MODEL_TYPE = "m2m_100"
 SPM, VOCAB, TOKENIZER_CONFIG, TOKENIZER_JSON = (
@@ -36,6 +35,8 @@ SPM, VOCAB, TOKENIZER_CONFIG, TOKENIZER_JSON = (
 NLLB_TOKENIZERS = ("NllbTokenizer", "NllbTokenizerFast")
 NLLB_LANGUAGE = re.compile(r"^[a-z]{3}_[A-Z][a-z]{3}$")  # eng_Latn, zho_Hans, ...
 TOKENIZER_FILES = f"{SPM} and {VOCAB}"
+# Everything the tokenizer reads (M2M100's or NLLB's), as `save_pretrained` writes it.
+CHECKPOINT_FILES = (SPM, VOCAB, TOKENIZER_JSON, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP, ADDED_TOKENS)
 # fairseq's language codes, in the order that numbers them after the dictionary (the tokenizer's
 # `language_codes` setting names the list).
 LANGUAGE_CODES = {
@@ -145,9 +146,15 @@ def _nllb_tokenizers(directory, config, tokenizer_config, source_lang, target_la
     return source, target
 
 
+def weights(model, shared_name=SHARED_EMBEDDINGS):
+    """Every variable of `model` (built with `transformer_settings`) with its checkpoint tensors (`weights.Weight`).
+
+    The stacks' final LayerNorms are `model.encoder.layer_norm` and
+    `model.decoder.layer_norm`; there is no output bias (ours stays zeros).
+    """
+    return model_weights(model, output_bias=None, final_norms=True, shared_name=shared_name)
+
+
 def assign_weights(model, read, config):
     """Copy the checkpoint's tensors (`read(name)`) into `model`, built with `transformer_settings(config)`."""
-    set_embeddings_and_layers(model, read)
-    set_norm(model.encoder.final_norm, read, "model.encoder.layer_norm")
-    set_norm(model.decoder.final_norm, read, "model.decoder.layer_norm")
-    set_output(model, read, np.zeros([model.tgt_vocab_size - ID_OFFSET]))
+    assign_all(weights(model, shared_embeddings_name(read)), read)

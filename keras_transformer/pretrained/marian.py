@@ -18,17 +18,20 @@ target language from a `>>xxx<<` token in front of the source text.
 
 import os
 
-import numpy as np
 
 from keras_transformer.pretrained import settings
 from keras_transformer.pretrained.checkpoint import CheckpointError, read_json_file
-from keras_transformer.pretrained.weights import set_embeddings_and_layers, set_output
+from keras_transformer.pretrained.weights import SHARED_EMBEDDINGS, assign_all, model_weights, shared_embeddings_name
 from keras_transformer.text.sentencepiece import ID_OFFSET, SentencePieceTokenizer
 
 MODEL_TYPE = "marian"
 SOURCE_SPM, TARGET_SPM, VOCAB, TARGET_VOCAB = "source.spm", "target.spm", "vocab.json", "target_vocab.json"
 TOKENIZER_FILES = f"{SOURCE_SPM}, {TARGET_SPM} and {VOCAB}"
 TOKENIZER_CONFIG = "tokenizer_config.json"
+# Everything the tokenizer reads, as `save_pretrained` writes it.
+CHECKPOINT_FILES = (SOURCE_SPM, TARGET_SPM, VOCAB, TARGET_VOCAB, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP, ADDED_TOKENS)
+# The padding token a vocabulary learned here gains, as its last token (`weights.VocabularyRows`).
+PAD = "<pad>"
 
 
 def transformer_settings(config):
@@ -92,9 +95,47 @@ def tokenizers(directory, config, source_lang=None, target_lang=None):
     return source, target
 
 
+def weights(model, shared_name=SHARED_EMBEDDINGS):
+    """Every variable of `model` (built with `transformer_settings`) with its checkpoint tensors (`weights.Weight`).
+
+    `final_logits_bias` is a buffer some checkpoints leave out (zeros then).
+    """
+    return model_weights(model, output_bias="final_logits_bias", shared_name=shared_name)
+
+
 def assign_weights(model, read, config):
     """Copy the checkpoint's tensors (`read(name)`) into `model`, built with `transformer_settings(config)`."""
-    set_embeddings_and_layers(model, read)
-    # final_logits_bias is a buffer some checkpoints leave out (then zeros).
-    bias = read("final_logits_bias") if read.has("final_logits_bias") else np.zeros([model.tgt_vocab_size - ID_OFFSET])
-    set_output(model, read, bias)
+    assign_all(weights(model, shared_embeddings_name(read)), read)
+
+
+# -- a run trained here, as a Marian checkpoint -------------------------------------------------
+
+
+def checkpoint_config(model, vocab_sizes, pad_id, start_id, end_id, dtype):
+    """`config.json` of `model` as Marian (`transformer_settings` inverted); `vocab_sizes`: (source, target)."""
+    return settings.checkpoint_config(
+        model, architectures=["MarianMTModel"], model_type=MODEL_TYPE, vocab_size=vocab_sizes[0],
+        decoder_vocab_size=vocab_sizes[1], share_encoder_decoder_embeddings=model.share_embeddings,
+        pad_token_id=pad_id, eos_token_id=end_id, forced_eos_token_id=end_id, decoder_start_token_id=start_id,
+        bos_token_id=None, dtype=dtype,
+    )
+
+
+def write_tokenizer(directory, vocabs, models, separate, languages=(None, None), max_length=512):
+    """The files `MarianTokenizer` reads: `source.spm`, `target.spm`, `vocab.json` [`target_vocab.json`], settings.
+
+    `vocabs`: (source, target) token lists in id order, `PAD` among them;
+    `models`: (source, target) SentencePiece models' bytes; `languages`:
+    (source, target) codes, or None where the run does not say.
+    """
+    for name, model in zip((SOURCE_SPM, TARGET_SPM), models):
+        with open(os.path.join(directory, name), "wb") as file:
+            file.write(model)
+    for name, vocab in zip((VOCAB, TARGET_VOCAB) if separate else (VOCAB,), vocabs):
+        write_json_file(directory, name, {token: index for index, token in enumerate(vocab)})
+    special = {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": PAD}
+    write_json_file(directory, TOKENIZER_CONFIG, {
+        "tokenizer_class": "MarianTokenizer", "separate_vocabs": separate, "source_lang": languages[0],
+        "target_lang": languages[1], "model_max_length": max_length, "sp_model_kwargs": {}, **special,
+    })
+    write_json_file(directory, SPECIAL_TOKENS_MAP, special)

@@ -14,6 +14,8 @@ from keras_transformer.text.sentencepiece import ID_OFFSET
 
 # Hugging Face's activation names -> Keras'. "gelu" is the exact one in both.
 ACTIVATIONS = {"swish": "silu", "silu": "silu", "relu": "relu", "gelu": "gelu"}
+# ... and back, in the names Marian's configs use ("swish").
+CHECKPOINT_ACTIVATIONS = {"silu": "swish", "relu": "relu", "gelu": "gelu"}
 EPSILON = 1e-5  # torch.nn.LayerNorm's default, which their layers keep
 
 
@@ -51,6 +53,30 @@ def transformer_settings(config, **family):
         share_embeddings=True,
         tie_output=config.get("tie_word_embeddings", True),
         epsilon=EPSILON,
+        **family,
+    )
+
+
+def checkpoint_config(model, **family):
+    """The config.json keys both families write the same way, for `model` (`transformer_settings` inverted), plus `family`'s."""
+    both_sides = {}
+    for setting, value in (("layers", model.num_layers), ("attention_heads", model.num_heads), ("ffn_dim", model.d_ff)):
+        both_sides.update({f"encoder_{setting}": value, f"decoder_{setting}": value})
+    return dict(
+        is_encoder_decoder=True,
+        d_model=model.d_model,
+        **both_sides,
+        encoder_layerdrop=0.0,
+        decoder_layerdrop=0.0,
+        dropout=model.dropout,
+        attention_dropout=model.attention_dropout,
+        activation_dropout=model.activation_dropout,
+        activation_function=CHECKPOINT_ACTIVATIONS[model.activation],
+        max_position_embeddings=model.max_length,
+        scale_embedding=True,
+        tie_word_embeddings=model.tie_output,
+        init_std=0.02,
+        use_cache=True,
         **family,
     )
 

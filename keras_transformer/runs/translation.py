@@ -81,13 +81,24 @@ def tokenizers(run_dir, tokenizer_config, train_split=None, seed=0):
     both languages (`vocab/shared`) with `shared`. The sample is at most
     `vocab_sample` pairs, chosen by `seed` (`data.streaming.sample`), and
     recorded in metrics.json.
+
+    A SentencePiece source is framed as Marian's tokenizer frames it,
+    pieces then `</s>` with no start token, so that the run can go out as a
+    Marian checkpoint (`export --format hf`): a shared SentencePiece
+    vocabulary is learned once and saved per side, `vocab/source` without
+    the start token and `vocab/target` with it. (A run whose sentencepiece
+    vocabulary is in `vocab/shared` was made before, with `<s>` in front of
+    its sources, and goes on so.)
     """
-    if tokenizer_config.get("kind") == PRETRAINED_TOKENIZERS:
+    kind = tokenizer_config.get("kind", "wordpiece")  # a run made before the option: WordPiece
+    if kind == PRETRAINED_TOKENIZERS:
         # A pretrained checkpoint's own tokenizers, written at import (`import_checkpoint`): nothing to learn.
         return runs.load_tokenizer(run_dir, "source"), runs.load_tokenizer(run_dir, "target")
-    names = ("shared",) if tokenizer_config["shared"] else ("source", "target")
+    sentencepiece = kind == "sentencepiece"
+    shared_folder = tokenizer_config["shared"] and (not sentencepiece or runs.has_tokenizer(run_dir, "shared"))
+    names = ("shared",) if shared_folder else ("source", "target")
     settings = dict(vocab_size=tokenizer_config["vocab_size"], lower_case=tokenizer_config["lower_case"])
-    if tokenizer_config.get("kind", "wordpiece") == "sentencepiece":  # a run made before the option: WordPiece
+    if sentencepiece:
         settings["sentencepiece_settings"] = dict(model_type=tokenizer_config["sentencepiece_model"],
                                                   character_coverage=tokenizer_config["character_coverage"])
     sources = targets = ()
@@ -98,11 +109,19 @@ def tokenizers(run_dir, tokenizer_config, train_split=None, seed=0):
         sources, targets = [source for source, _ in sample], [target for _, target in sample]
         logger.info("vocabulary sample: %d of %d pairs (%.0fs)", len(sources), lines, time.time() - started)
         runs.update_metrics(run_dir, {"vocabulary_sample": {"pairs": len(sources), "of_lines": lines, "seed": seed}})
-    if tokenizer_config["shared"]:
+    if shared_folder:
         shared = runs.learn_or_load_tokenizer(run_dir, "shared", sources + targets, **settings)
         return shared, shared
+    if sentencepiece and tokenizer_config["shared"]:  # one model, learned once, saved per side
+        target = runs.learn_or_load_tokenizer(run_dir, "target", sources + targets, **settings)
+        if not runs.has_tokenizer(run_dir, "source"):
+            target.with_start_token(None).save(runs.vocab_path(run_dir, "source"))
+        return runs.load_tokenizer(run_dir, "source"), target
+    source_settings = settings
+    if sentencepiece:
+        source_settings = dict(settings, sentencepiece_settings=dict(settings["sentencepiece_settings"], start_token=None))
     return (
-        runs.learn_or_load_tokenizer(run_dir, "source", sources, **settings),
+        runs.learn_or_load_tokenizer(run_dir, "source", sources, **source_settings),
         runs.learn_or_load_tokenizer(run_dir, "target", targets, **settings),
     )
 

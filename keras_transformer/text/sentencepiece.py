@@ -218,7 +218,8 @@ class SentencePieceTokenizer(tf.Module):
     # -- a vocabulary of a run's own ---------------------------------------------------
 
     @classmethod
-    def learn(cls, texts, vocab_size=8000, model_type="unigram", character_coverage=1.0, lower_case=False):
+    def learn(cls, texts, vocab_size=8000, model_type="unigram", character_coverage=1.0, lower_case=False,
+              start_token="<s>"):
         """A new SentencePiece vocabulary learned from `texts` (`train --tokenizer sentencepiece`).
 
         What the translation toolkits learn (Marian, OpenNMT, fairseq, Hugging
@@ -229,7 +230,9 @@ class SentencePieceTokenizer(tf.Module):
         pieces it has. `character_coverage`: the share of the text's
         characters the model must know (1.0 for a small alphabet, 0.9995 for
         Chinese or Japanese, as SentencePiece advises); the rarest others
-        are `<unk>`.
+        are `<unk>`. `start_token`: what a text starts with, `<s>` for a
+        target side (the decoder's first input), None for a source side
+        (pieces then `</s>`, as Marian's tokenizer frames a source).
 
         Example:
         >>> tokenizer = SentencePieceTokenizer.learn(sentences, vocab_size=4000, model_type="bpe")
@@ -253,7 +256,13 @@ class SentencePieceTokenizer(tf.Module):
             raise ValueError(f"SentencePiece cannot learn this vocabulary: {str(error).splitlines()[0]}") from None
         processor = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
         vocab = [processor.id_to_piece(index) for index in range(processor.get_piece_size())]
-        return cls(model.getvalue(), vocab, unk_token="<unk>", end_token="</s>", start_token="<s>")
+        return cls(model.getvalue(), vocab, unk_token="<unk>", end_token="</s>", start_token=start_token)
+
+    def with_start_token(self, start_token):
+        """A tokenizer of the same model and vocabulary whose texts start with `start_token` (None: with nothing)."""
+        decode_model = None if self.decode_model == self.model else self.decode_model
+        return type(self)(self.model, self.checkpoint_vocab, decode_model=decode_model,
+                          **{**self.settings, "start_token": start_token})
 
     # -- saving, loading ---------------------------------------------------------------
 
