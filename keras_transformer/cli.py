@@ -195,12 +195,14 @@ def _add_export_command(commands):
         "export_base",
         help="the directory TensorFlow Serving watches (writes EXPORT_BASE/N/); with --format ctranslate2, a new directory",
     )
-    export.add_argument("--format", choices=["saved_model", "ctranslate2", "litert"], default="saved_model",
-                        help="a SavedModel (default), a CTranslate2 model with our tokenizers (translation), or one "
-                        "LiteRT file for on-device use (translation)")
+    export.add_argument("--format", choices=["saved_model", "ctranslate2", "litert", "hf"], default="saved_model",
+                        help="a SavedModel (default), a CTranslate2 model with our tokenizers (translation), one "
+                        "LiteRT file for on-device use, or a Hugging Face checkpoint (translation: an imported run "
+                        "as its family, a SentencePiece run as Marian)")
     export.add_argument("--quantization", choices=["int8", "int8_float32", "int8_float16", "int8_bfloat16", "float16",
                                                    "bfloat16"],
-                        help="--format ctranslate2 or litert (int8, float16): how its weights are stored")
+                        help="--format ctranslate2 or litert (int8, float16), hf (float16, bfloat16; default "
+                        "float32, or an imported checkpoint's own): how its weights are stored")
     export.add_argument("--version", type=int, help="N (default: one more than the highest there)")
     export.add_argument("--beam-size", type=int, help="translation: default the run's evaluation setting")
     export.add_argument("--length-penalty", type=float, metavar="ALPHA", help="translation: default the run's (0.6)")
@@ -589,6 +591,18 @@ def _export(arguments):
                    options.LANGUAGE_MODEL: "generate"}[task]
         print(f"exported LiteRT model: {path}")
         print(f"try it:     keras-transformer {command} --litert {path} \"...\"")
+        return
+    if arguments.format == "hf":
+        if task != options.TRANSLATION or arguments.version:
+            raise ValueError("--format hf exports a translation run, to a new directory (no --version)")
+        if arguments.beam_size or arguments.length_penalty is not None or arguments.max_output_length:
+            raise ValueError("--format hf writes the run's own decoding settings (no --beam-size, --length-penalty "
+                             "or --max-output-length)")
+        if arguments.quantization not in (None, "float16", "bfloat16"):
+            raise ValueError(f"--format hf stores float32, float16 or bfloat16 weights, not {arguments.quantization}")
+        path = task_module(task).export_hf(arguments.run_dir, arguments.export_base, dtype=arguments.quantization)
+        print(f"exported Hugging Face checkpoint: {path}")
+        print(f"try it:     keras-transformer import-hf {path} RUN_DIR, or from_pretrained({path!r}) in transformers")
         return
     if arguments.format == "ctranslate2":
         if task != options.TRANSLATION or arguments.version:

@@ -35,7 +35,9 @@ def test_a_sentencepiece_run_translates_alike_through_the_run_and_every_export(s
     run = sentencepiece_run
     config = translation.load_config(str(run))
     assert config["tokenizer"]["kind"] == "sentencepiece"
-    assert (run / "vocab" / "shared" / "sentencepiece.model").is_file()
+    # One model for both sides, saved per side: the source framed without <s>, as Marian frames it.
+    assert (run / "vocab" / "source" / "sentencepiece.model").read_bytes() == (
+        run / "vocab" / "target" / "sentencepiece.model").read_bytes()
     ours = translation.translate(str(run), SENTENCES)
     assert len(set(ours)) > 3  # a model that tells sentences apart
 
@@ -73,3 +75,17 @@ def test_a_vocabulary_smaller_than_the_alphabet_is_refused_in_one_line():
     with pytest.raises(ValueError, match="Vocabulary size is smaller than required_chars") as refused:
         SentencePieceTokenizer.learn(SENTENCES * 10, vocab_size=8)
     assert "\n" not in str(refused.value)
+
+
+def test_a_sentencepiece_run_made_with_one_shared_folder_keeps_its_start_token_on_the_source(
+        sentencepiece_run, tmp_path):
+    """Runs made before sources were framed as Marian's kept one `vocab/shared` (<s> on both sides): still so."""
+    config = translation.load_config(str(sentencepiece_run))
+    _, target = translation.tokenizers(str(sentencepiece_run), config["tokenizer"])
+    older = tmp_path / "older"
+    target.save(str(older / "vocab" / "shared"))
+    source, loaded_target = translation.tokenizers(str(older), config["tokenizer"])
+    assert source is loaded_target and source.start_id == target.start_id
+    assert source.tokenize(["A dog."]).to_list()[0][0] == target.start_id
+    fresh_source, _ = translation.tokenizers(str(sentencepiece_run), config["tokenizer"])
+    assert fresh_source.tokenize(["A dog."]).to_list()[0] == source.tokenize(["A dog."]).to_list()[0][1:]

@@ -44,6 +44,11 @@ def fairseq_positional_encoding(length, depth, base=10000.0):
     return table.astype(np.float32)
 
 
+def halves_order(depth):
+    """The "halves" layout's columns as the interleaved table's: the sines (columns 2i), then the cosines (2i+1)."""
+    return np.concatenate([np.arange(0, depth, 2), np.arange(1, depth, 2)])
+
+
 def positional_encoding(length, depth, base=10000.0, layout="interleaved"):
     """The sinusoidal table, `(length, depth)` float32, interleaved as in the paper.
 
@@ -77,7 +82,7 @@ def positional_encoding(length, depth, base=10000.0, layout="interleaved"):
     angles = positions / np.power(base, 2.0 * pair_index / depth)
     table = np.where(np.arange(depth) % 2 == 0, np.sin(angles), np.cos(angles))
     if layout == "halves":
-        table = table[:, np.concatenate([np.arange(0, depth, 2), np.arange(1, depth, 2)])]
+        table = table[:, halves_order(depth)]
     return table.astype(np.float32)
 
 

@@ -18,9 +18,14 @@ target language from a `>>xxx<<` token in front of the source text.
 
 import os
 
-
 from keras_transformer.pretrained import settings
-from keras_transformer.pretrained.checkpoint import CheckpointError, read_json_file
+from keras_transformer.pretrained.checkpoint import (
+    ADDED_TOKENS,
+    SPECIAL_TOKENS_MAP,
+    CheckpointError,
+    read_json_file,
+    write_json_file,
+)
 from keras_transformer.pretrained.weights import SHARED_EMBEDDINGS, assign_all, model_weights, shared_embeddings_name
 from keras_transformer.text.sentencepiece import ID_OFFSET, SentencePieceTokenizer
 
@@ -116,7 +121,7 @@ def checkpoint_config(model, vocab_sizes, pad_id, start_id, end_id, dtype):
     return settings.checkpoint_config(
         model, architectures=["MarianMTModel"], model_type=MODEL_TYPE, vocab_size=vocab_sizes[0],
         decoder_vocab_size=vocab_sizes[1], share_encoder_decoder_embeddings=model.share_embeddings,
-        pad_token_id=pad_id, eos_token_id=end_id, forced_eos_token_id=end_id, decoder_start_token_id=start_id,
+        pad_token_id=pad_id, eos_token_id=end_id, decoder_start_token_id=start_id,
         bos_token_id=None, dtype=dtype,
     )
 

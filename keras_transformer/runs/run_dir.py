@@ -7,6 +7,8 @@
       tokens/          a translation corpus tokenized once: train/ and val/, TFRecord shards
                        of token ids with a manifest (data.token_shards)
       labels.txt       a classifier's class names, one a line, in label-id order
+      pretrained/      an imported checkpoint's settings and tokenizer files, as it came with them
+                       (no weights): what `export --format hf` writes back beside the weights
       model.keras      the trained model (the best validation checkpoint)
       checkpoints/     best.weights.h5, updated during training; with --keep-checkpoints N,
                        epoch-NNN.weights.h5 of the last N epochs too (`average_checkpoints`)
@@ -43,6 +45,7 @@ CONFIG = "config.json"
 VOCAB = "vocab"
 TOKENS = "tokens"
 LABELS = "labels.txt"
+PRETRAINED = "pretrained"
 MODEL = "model.keras"
 CHECKPOINTS = "checkpoints"
 BEST_CHECKPOINT = os.path.join(CHECKPOINTS, "best.weights.h5")
@@ -55,7 +58,7 @@ HYPOTHESES = "hypotheses.{split}.txt"
 
 # Everything a run writes into its directory, and so everything `overwrite`
 # removes; anything else there is the user's and is never touched.
-RUN_FILES = (CONFIG, VOCAB, TOKENS, LABELS, MODEL, CHECKPOINTS, BACKUP, LOGS, HISTORY, METRICS)
+RUN_FILES = (CONFIG, VOCAB, TOKENS, LABELS, PRETRAINED, MODEL, CHECKPOINTS, BACKUP, LOGS, HISTORY, METRICS)
 # What `--precision auto` chose when the run started, and why: recorded in
 # the config, and kept when the run resumes (on this machine or another).
 PRECISION_CHOSEN = ("precision_chosen", "precision_reason")

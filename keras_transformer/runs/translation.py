@@ -169,6 +169,7 @@ def import_checkpoint(checkpoint_dir, run_dir, source_lang=None, target_lang=Non
     place, so a failed import leaves nothing behind.
     """
     from keras_transformer import pretrained
+    from keras_transformer.pretrained import publish
     from keras_transformer.saving import directory_written_whole, release_freed_memory, save_model, write_json
 
     if os.path.exists(run_dir):
@@ -191,6 +192,7 @@ def import_checkpoint(checkpoint_dir, run_dir, source_lang=None, target_lang=Non
     with directory_written_whole(run_dir) as staging:
         source_tokenizer.save(runs.vocab_path(staging, "source"))
         target_tokenizer.save(runs.vocab_path(staging, "target"))
+        publish.keep_checkpoint_files(checkpoint_dir, runs.path(staging, runs.PRETRAINED))
         save_model(model, runs.path(staging, runs.MODEL))
         config["training"]["precision_chosen"], config["training"]["precision_reason"] = "float32", "imported"
         write_json(runs.path(staging, runs.CONFIG), config)
@@ -218,10 +220,13 @@ def _with_init_run(config):
 
 
 def _copy_init_tokenizers(run_dir, init_from):
-    """The init run's tokenizers, copied into `run_dir` once (the run's own from then on)."""
+    """The init run's tokenizers (and checkpoint files, if imported), copied into `run_dir` once (its own from then on)."""
     for name in ("source", "target"):
         if not runs.has_tokenizer(run_dir, name):
             shutil.copytree(runs.vocab_path(init_from, name), runs.vocab_path(run_dir, name), dirs_exist_ok=True)
+    init_files = runs.path(init_from, runs.PRETRAINED)
+    if os.path.isdir(init_files) and not os.path.exists(runs.path(run_dir, runs.PRETRAINED)):
+        shutil.copytree(init_files, runs.path(run_dir, runs.PRETRAINED))
 
 
 def _load_init_weights(model, init_from, source_tokenizer, target_tokenizer):
@@ -549,6 +554,56 @@ def export_litert(run_dir, out_dir, quantization=None, beam_size=None, length_al
         run_dir, beam_size=beam_size, length_alpha=length_alpha, max_output_length=max_output_length
     )
     return litert.export_litert(litert.LiteRTTranslation(translator), out_dir, quantization)
+
+
+def export_hf(run_dir, out_dir, dtype=None):
+    """Write the run as a Hugging Face checkpoint directory `out_dir` (`pretrained.publish`); returns its path.
+
+    An imported run (or one fine-tuned from it) goes back to its family with
+    the checkpoint's own files; a run trained here goes out as Marian.
+    """
+    from keras_transformer.pretrained import publish
+    from keras_transformer.saving import directory_written_whole
+
+    publish.check_dtype(dtype)
+    if os.path.exists(out_dir):
+        raise FileExistsError(f"{out_dir} already exists: pick another directory or remove it first")
+    config = load_config(run_dir)
+    source_tokenizer, target_tokenizer = tokenizers(run_dir, config["tokenizer"])
+    imported = config["tokenizer"]["kind"] == PRETRAINED_TOKENIZERS
+    files_dir = _checkpoint_files(run_dir) if imported else None
+    model = runs.load_trained_model(
+        run_dir, lambda: build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
+    )
+    if not imported:
+        publish.check_marian(model, source_tokenizer, target_tokenizer)
+    with directory_written_whole(out_dir) as staging:
+        if imported:
+            publish.write_imported(model, files_dir, staging, dtype)
+        else:
+            languages = (None, None)
+            if config["data"]["dataset"] == "multi30k":
+                languages = tuple(config["data"]["direction"].split("-"))
+            publish.write_as_marian(model, source_tokenizer, target_tokenizer, staging, config["evaluation"],
+                                    languages, dtype or "float32")
+    logger.info("exported %s as a Hugging Face checkpoint: %s", run_dir, out_dir)
+    return out_dir
+
+
+def _checkpoint_files(run_dir):
+    """The folder of an imported run's checkpoint files: its own, or (runs made before runs kept them) the checkpoint's."""
+    looked_at = []
+    while run_dir:
+        if os.path.isdir(runs.path(run_dir, runs.PRETRAINED)):
+            return runs.path(run_dir, runs.PRETRAINED)
+        config = load_config(run_dir)
+        checkpoint = (config.get("pretrained") or {}).get("checkpoint")
+        if checkpoint and os.path.isdir(checkpoint):
+            return checkpoint
+        looked_at.append(checkpoint or run_dir)
+        run_dir = config["training"].get("init_from")
+    raise FileNotFoundError(f"the run keeps no files of the checkpoint it was imported from, and "
+                            f"{looked_at[-1]} is gone: import the checkpoint again")
 
 
 def translate_with_ctranslate2(model_dir, sentences, beam_size=None):
