@@ -204,12 +204,6 @@ def write_weights(path, tensors, dtype="float32"):
             file.write(np.ascontiguousarray(array.astype(numpy_dtype, copy=False)).reshape(-1).view(np.uint8))
 
 
-def write_json_file(directory, name, content):
-    with open(os.path.join(directory, name), "w", encoding="utf-8") as file:
-        json.dump(content, file, indent=2, ensure_ascii=False, sort_keys=True)
-        file.write("\n")
-
-
 def copy_files(from_directory, to_directory, names):
     """Copy those of `names` that `from_directory` has (a checkpoint's settings and tokenizer files)."""
     os.makedirs(to_directory, exist_ok=True)

@@ -24,8 +24,8 @@ from keras_transformer.pretrained.checkpoint import (
     SPECIAL_TOKENS_MAP,
     CheckpointError,
     read_json_file,
-    write_json_file,
 )
+from keras_transformer.saving import write_json
 from keras_transformer.pretrained.weights import SHARED_EMBEDDINGS, assign_all, model_weights, shared_embeddings_name
 from keras_transformer.text.sentencepiece import ID_OFFSET, SentencePieceTokenizer
 
@@ -137,10 +137,10 @@ def write_tokenizer(directory, vocabs, models, separate, languages=(None, None),
         with open(os.path.join(directory, name), "wb") as file:
             file.write(model)
     for name, vocab in zip((VOCAB, TARGET_VOCAB) if separate else (VOCAB,), vocabs):
-        write_json_file(directory, name, {token: index for index, token in enumerate(vocab)})
+        write_json(os.path.join(directory, name), {token: index for index, token in enumerate(vocab)})
     special = {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": PAD}
-    write_json_file(directory, TOKENIZER_CONFIG, {
+    write_json(os.path.join(directory, TOKENIZER_CONFIG), {
         "tokenizer_class": "MarianTokenizer", "separate_vocabs": separate, "source_lang": languages[0],
         "target_lang": languages[1], "model_max_length": max_length, "sp_model_kwargs": {}, **special,
     })
-    write_json_file(directory, SPECIAL_TOKENS_MAP, special)
+    write_json(os.path.join(directory, SPECIAL_TOKENS_MAP), special)

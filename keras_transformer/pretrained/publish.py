@@ -32,7 +32,7 @@ the logits of a run trained here move by about 1e-5 of their scale.
 import os
 
 from keras_transformer.layers.positional import halves_order
-from keras_transformer.pretrained import family_of, m2m100, marian
+from keras_transformer.pretrained import family_of, marian
 from keras_transformer.pretrained.checkpoint import (
     CONFIG,
     GENERATION_CONFIG,
@@ -42,15 +42,13 @@ from keras_transformer.pretrained.checkpoint import (
     checkpoint_dtype,
     copy_files,
     read_config,
-    write_json_file,
     write_weights,
 )
 from keras_transformer.pretrained.settings import CHECKPOINT_ACTIVATIONS
 from keras_transformer.pretrained.weights import VocabularyRows, checkpoint_tensors
+from keras_transformer.saving import write_json
 from keras_transformer.text.sentencepiece import ID_OFFSET, SentencePieceTokenizer
 
-# A family's settings and tokenizer files: what an imported run keeps, and writes back.
-FAMILY_FILES = {marian.MODEL_TYPE: marian.CHECKPOINT_FILES, m2m100.MODEL_TYPE: m2m100.CHECKPOINT_FILES}
 SETTINGS_FILES = (CONFIG, GENERATION_CONFIG)
 # The model settings a checkpoint's config.json decides (and an imported run must still have to go back).
 _ARCHITECTURE = ("src_vocab_size", "tgt_vocab_size", "num_layers", "d_model", "num_heads", "d_ff", "max_length",
@@ -58,7 +56,8 @@ _ARCHITECTURE = ("src_vocab_size", "tgt_vocab_size", "num_layers", "d_model", "n
 
 
 def checkpoint_files(config):
-    return SETTINGS_FILES + FAMILY_FILES[config["model_type"]]
+    """A checkpoint's settings and its family's tokenizer files: what an imported run keeps, and writes back."""
+    return SETTINGS_FILES + family_of(config).CHECKPOINT_FILES
 
 
 def keep_checkpoint_files(checkpoint_dir, directory):
@@ -145,8 +144,8 @@ def write_as_marian(model, source_tokenizer, target_tokenizer, out_dir, decoding
         model, (len(source_vocab), len(target_vocab)), pad_id=pad_id,
         start_id=target_tokenizer.start_id - ID_OFFSET, end_id=target_tokenizer.end_id - ID_OFFSET, dtype=dtype,
     )
-    write_json_file(out_dir, CONFIG, config)
-    write_json_file(out_dir, GENERATION_CONFIG, {
+    write_json(os.path.join(out_dir, CONFIG), config)
+    write_json(os.path.join(out_dir, GENERATION_CONFIG), {
         key: config[key] for key in ("decoder_start_token_id", "eos_token_id", "pad_token_id")
     } | {
         # max_length counts the decoder's start token: outputs of up to max_length positions, as ours,
