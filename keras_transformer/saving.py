@@ -96,11 +96,13 @@ def release_freed_memory():
 
 @contextlib.contextmanager
 def _weights_through_disk():
-    """Make Keras' `.keras` writer take its low-memory road: the weights file on disk, then into the zip.
+    """Make Keras' `.keras` reader and writer take their low-memory road: the weights file on disk, beside the zip.
 
     Keras takes it by itself when memory is short (`is_memory_sufficient`);
-    here it is taken always. Should a later Keras lack that function, the
-    save works as Keras' own does.
+    here it is taken always: saving, the weights go to a file and then into
+    the zip; loading, they are extracted to a file and read from it, never
+    the whole file in memory beside the variables. Should a later Keras
+    lack that function, it works as Keras' own does.
     """
     from keras.src.saving import saving_lib
 
@@ -227,10 +229,11 @@ def load_model(path, dtype_policy=None):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            if rebuilt is None or rebuilt == config:
-                model = keras.saving.load_model(path, compile=False)
-            else:
-                model = _load_with_config(path, rebuilt)
+            with _weights_through_disk():  # not the whole weights file in memory beside the variables
+                if rebuilt is None or rebuilt == config:
+                    model = keras.saving.load_model(path, compile=False)
+                else:
+                    model = _load_with_config(path, rebuilt)
         except Exception as error:  # Keras and h5py raise many kinds; the message says which
             raise DamagedFileError(f"{path} could not be loaded: {first_line(error)}") from None
     loaded = len(model.weights)

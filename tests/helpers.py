@@ -22,6 +22,16 @@ import numpy as np
 CLI = [sys.executable, "-m", "keras_transformer.cli"]
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 TINY_MODEL = ["--num-layers", "1", "--d-model", "32", "--num-heads", "2", "--d-ff", "64"]
+# The shared data folder (Multi30k, SST-2, ...): read from, never copied into the repository.
+DATA = Path(os.environ.get("KERAS_TRANSFORMER_DATA", Path(__file__).parents[2] / "shared" / "data"))
+
+
+def read_sentences(spec):
+    """The data folder's lines a recording names (`{"data": [[file, count], ...], "made": [...]}`), then its own."""
+    lines = []
+    for name, count in spec["data"]:
+        lines += (DATA / name).read_text(encoding="utf-8").splitlines()[:count]
+    return lines + spec["made"]
 
 
 def cli(*arguments, input=None, check=True, timeout=600):

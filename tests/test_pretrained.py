@@ -9,7 +9,6 @@ When transformers and PyTorch are installed, one test also runs HF live.
 """
 
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import assert_it_lived, cli_here, run
+from helpers import DATA, assert_it_lived, cli_here, read_sentences, run
 from keras_transformer import pretrained
 from keras_transformer.inference import Translator, score_sequences
 from keras_transformer.pretrained import CheckpointError, marian
@@ -26,15 +25,6 @@ from keras_transformer.runs import translation
 
 FIXTURES = Path(__file__).parent / "fixtures" / "pretrained"
 CHECKPOINTS = ("marian-shared-swish", "marian-separate-relu", "m2m100-en-de", "nllb-en-de")
-DATA = Path(os.environ.get("KERAS_TRANSFORMER_DATA", Path(__file__).parents[2] / "shared" / "data"))
-
-
-def read_sentences(spec):
-    """The data folder's lines a fixture names (`{"data": [[file, count], ...], "made": [...]}`), then its own."""
-    lines = []
-    for name, count in spec["data"]:
-        lines += (DATA / name).read_text(encoding="utf-8").splitlines()[:count]
-    return lines + spec["made"]
 
 
 def expected(name):

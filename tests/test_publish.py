@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import cli_here
+from helpers import DATA, cli_here, read_sentences
 from safetensors import safe_open
 
 from keras_transformer.data import demo_corpus
@@ -28,7 +28,6 @@ from keras_transformer.text import SentencePieceTokenizer
 FIXTURES = Path(__file__).parent / "fixtures"
 PUBLISHED, PRETRAINED = FIXTURES / "published", FIXTURES / "pretrained"
 CHECKPOINTS = ("marian-shared-swish", "marian-separate-relu", "m2m100-en-de", "nllb-en-de")
-DATA = Path(os.environ.get("KERAS_TRANSFORMER_DATA", Path(__file__).parents[2] / "shared" / "data"))
 RECORDED = json.loads((PUBLISHED / "expected.json").read_text(encoding="utf-8"))["exports"]
 
 
@@ -40,14 +39,6 @@ def tensors(directory):
     """`{name: (dtype, raw bytes)}` of a checkpoint's model.safetensors."""
     with safe_open(str(Path(directory) / "model.safetensors"), framework="np") as file:
         return {name: (file.get_slice(name).get_dtype(), file.get_tensor(name).tobytes()) for name in file.keys()}
-
-
-def read_sentences(spec):
-    """The data folder's lines a recording names (`{"data": [[file, count]], "made": [...]}`), then its own."""
-    lines = []
-    for name, count in spec["data"]:
-        lines += (DATA / name).read_text(encoding="utf-8").splitlines()[:count]
-    return lines + spec["made"]
 
 
 def padded(rows):
@@ -111,6 +102,8 @@ def test_an_imported_checkpoint_goes_back_tensor_for_tensor_and_translates_the_s
     translation.export_hf(str(run_dir), str(out))
     original = tensors(PRETRAINED / name)
     assert tensors(out) == original  # names, dtypes (float16 stays float16) and bits
+    recordings = {"expected.json", "expected.npz", "tokens.json", "pytorch_model.bin"}  # the fixture's, not HF's
+    assert set(os.listdir(out)) == set(os.listdir(PRETRAINED / name)) - recordings
     for file in os.listdir(out):  # the settings and tokenizer files as the checkpoint came with them
         if file != "model.safetensors":
             assert (out / file).read_bytes() == (PRETRAINED / name / file).read_bytes(), file
@@ -119,9 +112,11 @@ def test_an_imported_checkpoint_goes_back_tensor_for_tensor_and_translates_the_s
     assert translation.translate(str(back), sentences) == translation.translate(str(run_dir), sentences)
 
 
-def test_a_fine_tuned_run_goes_out_with_its_new_weights(tmp_path):
+@pytest.mark.parametrize("name", ["marian-shared-swish", "nllb-en-de"])
+def test_a_fine_tuned_run_goes_out_with_its_new_weights(name, tmp_path):
+    """Marian's output bias trains; NLLB's checkpoint has none, so ours stays as imported and the run goes back."""
     imported, tuned, out = tmp_path / "imported", tmp_path / "tuned", tmp_path / "exported"
-    translation.import_checkpoint(str(PRETRAINED / "marian-shared-swish"), str(imported))
+    translation.import_checkpoint(str(PRETRAINED / name), str(imported))
     english, german = ((DATA / "multi30k" / name).read_text(encoding="utf-8").splitlines()[3000:3064]
                        for name in ("train.en", "train.de"))
     pairs = tmp_path / "pairs.tsv"
@@ -133,7 +128,7 @@ def test_a_fine_tuned_run_goes_out_with_its_new_weights(tmp_path):
 
     printed = cli_here("export", tuned, out, "--format", "hf").stdout
     assert "exported Hugging Face checkpoint" in printed
-    exported, original = tensors(out), tensors(PRETRAINED / "marian-shared-swish")
+    exported, original = tensors(out), tensors(PRETRAINED / name)
     assert exported.keys() == original.keys()
     assert exported["model.shared.weight"] != original["model.shared.weight"]  # trained
     translation.import_checkpoint(str(out), str(tmp_path / "back"))
@@ -151,7 +146,7 @@ def test_a_fine_tuned_run_goes_out_with_its_new_weights(tmp_path):
 # -- CTranslate2's own converter -------------------------------------------------------------------
 
 
-def test_ctranslate2s_converter_on_the_export_translates_as_our_ctranslate2_export(tmp_path):
+def test_our_ctranslate2_export_translates_as_ctranslate2s_converter_did_on_the_export(tmp_path):
     """Recorded: `ct2-transformers-converter` on the NLLB fixture's round trip; ours converts the run itself."""
     pytest.importorskip("ctranslate2")
     want = RECORDED["nllb-en-de"]
@@ -184,25 +179,30 @@ def untrained_run(run_dir, source, target, **model):
     return run_dir
 
 
-@pytest.fixture(scope="module")
-def sentencepiece_pair():
-    """Separate source and target SentencePiece vocabularies, the target's the larger."""
+def learned_pair(source_size, target_size):
     corpus = demo_corpus()["train"][:2000]
-    source = SentencePieceTokenizer.learn([s for s, _ in corpus], vocab_size=120, start_token=None)
-    target = SentencePieceTokenizer.learn([t for _, t in corpus], vocab_size=200, model_type="bpe")
-    assert target.vocab_size > source.vocab_size
+    source = SentencePieceTokenizer.learn([s for s, _ in corpus], vocab_size=source_size, start_token=None)
+    target = SentencePieceTokenizer.learn([t for _, t in corpus], vocab_size=target_size, model_type="bpe")
     return source, target
 
 
-@pytest.mark.parametrize("position", ["sinusoidal", "sinusoidal_halves"])
-def test_separate_vocabularies_and_an_untied_output_go_out_and_come_back_the_same(
-        sentencepiece_pair, position, tmp_path):
-    """Marian's one padding id fits both sides (unused source tokens), lm_head, both sinusoid layouts."""
-    source, target = sentencepiece_pair
+@pytest.fixture(scope="module")
+def sentencepiece_pair():
+    """Separate source and target SentencePiece vocabularies, the target's the larger."""
+    return learned_pair(120, 200)
+
+
+@pytest.mark.parametrize("position, sizes", [("sinusoidal", (120, 200)), ("sinusoidal_halves", (200, 120))])
+def test_separate_vocabularies_and_an_untied_output_go_out_and_come_back_the_same(position, sizes, tmp_path):
+    """Marian's one padding id, last on both sides (unused tokens on the smaller), lm_head, both sinusoid layouts."""
+    source, target = learned_pair(*sizes)
     run_dir = untrained_run(tmp_path / "run", source, target, position=position, activation="gelu")
     translation.export_hf(str(run_dir), str(tmp_path / "exported"))
     config = json.loads((tmp_path / "exported" / "config.json").read_text())
-    assert config["vocab_size"] == config["decoder_vocab_size"] > config["pad_token_id"] == target.vocab_size - 1
+    larger = max(source.vocab_size, target.vocab_size)
+    assert config["vocab_size"] == config["decoder_vocab_size"] == larger and config["pad_token_id"] == larger - 1
+    generation = json.loads((tmp_path / "exported" / "generation_config.json").read_text())
+    assert generation["bad_words_ids"] == [[index] for index in range(target.vocab_size - 1, larger)]
     assert not config["share_encoder_decoder_embeddings"] and not config["tie_word_embeddings"]
     assert "lm_head.weight" in tensors(tmp_path / "exported")
     translation.import_checkpoint(str(tmp_path / "exported"), str(tmp_path / "back"))
@@ -214,11 +214,12 @@ def test_separate_vocabularies_and_an_untied_output_go_out_and_come_back_the_sam
     decoder_ids = padded([[target.start_id] + row[1:-1] for row in target.tokenize(
         [target_text for _, target_text in demo_corpus()["val"][:4]]).to_list()])
     logits = ours.model((source_ids, decoder_ids), training=False).numpy()
-    # The import gives their vocabulary our padding id in front; theirs has its <pad> last.
-    imported = back.model((source_ids, decoder_ids), training=False).numpy()[..., 1:]
-    real = decoder_ids != 0
-    # LayerNorm's epsilon: 1e-6 here, 1e-5 in any Marian checkpoint (publish's docstring).
-    np.testing.assert_allclose(np.roll(logits, -1, axis=-1)[real][:, :-1], imported[real][:, :-1], atol=1e-4)
+    imported = back.model((source_ids, decoder_ids), training=False).numpy()
+    real, pieces = decoder_ids != 0, target.vocab_size - 1
+    # The pieces' logits (ids 1..pieces in both: the import puts our padding id in front of their vocabulary);
+    # LayerNorm's epsilon is 1e-6 here, 1e-5 in any Marian checkpoint (publish's docstring).
+    np.testing.assert_allclose(logits[..., 1:][real], imported[..., 1 : 1 + pieces][real], atol=1e-4)
+    assert (imported[..., 1 + pieces : -1][real] < -25).all()  # unused tokens': never chosen
 
 
 def test_what_marian_cannot_express_is_refused_in_one_line_before_anything_is_written(

@@ -190,6 +190,8 @@ def write_weights(path, tensors, dtype="float32"):
     numpy_dtype = np.dtype(dtype)  # bfloat16 is ml_dtypes'
     header, offset = {}, 0
     for name, array in tensors():
+        if name in header:
+            raise ValueError(f"two tensors named {name!r}")  # a wrong mapping, never a user's doing
         size = array.size * numpy_dtype.itemsize
         header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(array.shape), "data_offsets": [offset, offset + size]}
         offset += size

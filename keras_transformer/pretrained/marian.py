@@ -122,7 +122,9 @@ def checkpoint_config(model, vocab_sizes, pad_id, start_id, end_id, dtype):
         model, architectures=["MarianMTModel"], model_type=MODEL_TYPE, vocab_size=vocab_sizes[0],
         decoder_vocab_size=vocab_sizes[1], share_encoder_decoder_embeddings=model.share_embeddings,
         pad_token_id=pad_id, eos_token_id=end_id, decoder_start_token_id=start_id,
-        bos_token_id=None, dtype=dtype,
+        # Said, not left out: MarianConfig's default forces id 0 at the length limit (</s> in OPUS-MT's
+        # vocabularies, <unk> in ours), which our searches do not.
+        forced_eos_token_id=None, bos_token_id=None, dtype=dtype,
     )
 
 

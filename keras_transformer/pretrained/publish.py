@@ -78,7 +78,7 @@ def write_imported(model, files_dir, out_dir, dtype=None):
 
     `files_dir`: the checkpoint's settings and tokenizer files (`keep_checkpoint_files`);
     `dtype`: the weights' ("float32", "float16", "bfloat16"; default what
-    its config.json says, as it came).
+    its config.json says, as it came; another is written into config.json).
     """
     config = read_config(files_dir)
     family = family_of(config)
@@ -88,11 +88,26 @@ def write_imported(model, files_dir, out_dir, dtype=None):
             raise CheckpointError(f"the run's {name} is {getattr(model, name)!r} but its checkpoint's config.json "
                                   f"says {expected[name]!r}: it is no longer that checkpoint's model")
     copy_files(files_dir, out_dir, checkpoint_files(config))
+    if dtype and dtype != checkpoint_dtype(config):
+        dtype_keys = [key for key in ("dtype", "torch_dtype") if key in config] or ["dtype"]
+        write_json(os.path.join(out_dir, CONFIG), {**config, **{key: dtype for key in dtype_keys}})
     rows = VocabularyRows(padding_kept=False)  # the checkpoint's vocabulary has its own padding
     weights = family.weights(model)
     write_weights(os.path.join(out_dir, SAFETENSORS),
                   lambda: checkpoint_tensors(weights, {"source": rows, "target": rows}),
                   dtype or checkpoint_dtype(config))
+
+
+def freeze_what_the_family_lacks(model, files_dir):
+    """Make untrainable each variable of `model` its checkpoint's family has no tensor for (M2M100's output bias).
+
+    Fine-tuned, such a variable would move where the family's checkpoint
+    cannot follow, and the run could no longer go back to it (`write_imported`).
+    """
+    family = family_of(read_config(files_dir))
+    for weight in family.weights(model):
+        if not weight.names:
+            weight.variable.trainable = False
 
 
 # -- a run trained here, as Marian ---------------------------------------------------------------
@@ -107,6 +122,8 @@ def check_marian(model, source_tokenizer, target_tokenizer):
     if not all(isinstance(tokenizer, SentencePieceTokenizer) for tokenizer in tokenizers):
         raise ValueError("the run's vocabularies are WordPiece, which Marian's tokenizer cannot read: "
                          "train it with --tokenizer sentencepiece")
+    if any(marian.PAD in tokenizer.checkpoint_vocab for tokenizer in tokenizers):
+        raise ValueError(f"the run's vocabulary has a piece {marian.PAD}, the token Marian's padding needs")
     if source_tokenizer.start_id is not None:
         raise ValueError("the run puts <s> before its sources, which Marian's tokenizer does not "
                          "(a SentencePiece run made before sources were framed as Marian's): train it again")
@@ -129,19 +146,21 @@ def write_as_marian(model, source_tokenizer, target_tokenizer, out_dir, decoding
 
     The vocabularies are ours without our padding id (SentencePiece's pieces,
     in SentencePiece's order), then `<pad>`, which our padding's rows become
-    (`weights.VocabularyRows`). A source vocabulary smaller than the
-    target's gets unused tokens up to it: Marian has one padding id for both
-    sides. `decoding`: the run's `{"beam_size", "length_alpha"}`;
+    (`weights.VocabularyRows`). Marian has one padding id for both sides: the
+    smaller vocabulary gets unused tokens up to the larger, which are never
+    generated (`bad_words_ids`). `decoding`: the run's `{"beam_size", "length_alpha"}`;
     `languages`: (source, target) codes for tokenizer_config.json.
     """
     separate = source_tokenizer.checkpoint_vocab != target_tokenizer.checkpoint_vocab or (
         source_tokenizer.model != target_tokenizer.model)
-    target_vocab = target_tokenizer.checkpoint_vocab + [marian.PAD]
-    source_vocab = source_tokenizer.checkpoint_vocab + [marian.PAD]
-    pad_id = len(target_vocab) - 1  # the config's one padding id must be a source id too
-    source_vocab += [f"<unused{index}>" for index in range(pad_id + 1 - len(source_vocab))]
+    # Marian has one padding id for both sides: <pad> last on both, after unused tokens on the smaller side.
+    size = max(len(source_tokenizer.checkpoint_vocab), len(target_tokenizer.checkpoint_vocab)) + 1
+    source_vocab, target_vocab = ([*tokenizer.checkpoint_vocab,
+                                   *(f"<unused{index}>" for index in range(size - 1 - len(tokenizer.checkpoint_vocab))),
+                                   marian.PAD] for tokenizer in (source_tokenizer, target_tokenizer))
+    pad_id = size - 1
     config = marian.checkpoint_config(
-        model, (len(source_vocab), len(target_vocab)), pad_id=pad_id,
+        model, (size, size), pad_id=pad_id,
         start_id=target_tokenizer.start_id - ID_OFFSET, end_id=target_tokenizer.end_id - ID_OFFSET, dtype=dtype,
     )
     write_json(os.path.join(out_dir, CONFIG), config)
@@ -150,15 +169,15 @@ def write_as_marian(model, source_tokenizer, target_tokenizer, out_dir, decoding
     } | {
         # max_length counts the decoder's start token: outputs of up to max_length positions, as ours,
         # whose last is not forced to be </s> (no forced_eos_token_id).
-        "bad_words_ids": [[pad_id]], "max_length": model.max_length + 1, "num_beams": decoding["beam_size"],
+        "bad_words_ids": [[index] for index in range(len(target_tokenizer.checkpoint_vocab), size)],
+        "max_length": model.max_length + 1, "num_beams": decoding["beam_size"],
         # Hugging Face divides a beam's score by its length ** alpha; ours by GNMT's ((5 + length) / 6) ** alpha.
         "length_penalty": decoding["length_alpha"],
     })
     marian.write_tokenizer(out_dir, (source_vocab, target_vocab), (source_tokenizer.model, target_tokenizer.model),
                            separate, languages, max_length=model.max_length)
     order = _MARIAN_ORDER[model.position]
-    rows = {"source": VocabularyRows(padding_kept=True, size=len(source_vocab)),
-            "target": VocabularyRows(padding_kept=True)}
+    rows = {side: VocabularyRows(padding_kept=True, size=size) for side in ("source", "target")}
     weights = marian.weights(model)
     write_weights(os.path.join(out_dir, SAFETENSORS),
                   lambda: checkpoint_tensors(weights, rows, order(model.d_model) if order else None), dtype)

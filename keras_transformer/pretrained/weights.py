@@ -64,9 +64,10 @@ class VocabularyRows:
     An imported vocabulary has a padding token of its own, so our row 0 has
     no place in theirs (`padding_kept=False`: dropped on the way out, filled
     on the way in). A vocabulary learned here has none, and gains their
-    `<pad>` as its last token: our padding row goes there (`padding_kept=True`).
-    `size`: their vocabulary's size where it has tokens after those (unused
-    ones, whose rows are zeros).
+    `<pad>` as its last token, `size - 1`: our padding row goes there, and
+    the ids between our last token and it (unused tokens, where the other
+    side's vocabulary is larger) get rows that are never chosen (zeros, and
+    an output bias of `PADDING_LOGIT_BIAS`).
     """
 
     def __init__(self, padding_kept=False, size=None):
@@ -74,19 +75,17 @@ class VocabularyRows:
         self.size = size
 
     def theirs(self, ours, axis=0):
+        tokens = ours[(slice(None),) * axis + (slice(ID_OFFSET, None),)]  # a view: the table is not copied here
         if not self.padding_kept:
-            return np.take(ours, np.arange(ID_OFFSET, ours.shape[axis]), axis=axis)
-        theirs = np.roll(ours, -ID_OFFSET, axis=axis)
-        if self.size and self.size > theirs.shape[axis]:
-            unused = list(theirs.shape)
-            unused[axis] = self.size - theirs.shape[axis]
-            theirs = np.concatenate([theirs, np.zeros(unused, theirs.dtype)], axis=axis)
-        return theirs
+            return tokens
+        unused_shape = list(ours.shape)
+        unused_shape[axis] = (self.size or tokens.shape[axis] + ID_OFFSET) - ours.shape[axis]
+        unused = np.full(unused_shape, PADDING_LOGIT_BIAS if ours.ndim == 1 else 0.0, ours.dtype)
+        padding = ours[(slice(None),) * axis + (slice(0, ID_OFFSET),)]
+        return np.concatenate([tokens, unused, padding], axis=axis)
 
     def ours(self, theirs, padding, axis=0):
-        """`theirs` with our padding's rows (`padding`, shaped as ID_OFFSET of them) in front."""
-        if self.padding_kept:
-            return np.roll(theirs, ID_OFFSET, axis=axis)
+        """An imported vocabulary's `theirs` with our padding's rows (`padding`, ID_OFFSET of them) in front."""
         return np.concatenate([padding, theirs], axis=axis)
 
 

@@ -96,7 +96,7 @@ def tokenizers(run_dir, tokenizer_config, train_split=None, seed=0):
         return runs.load_tokenizer(run_dir, "source"), runs.load_tokenizer(run_dir, "target")
     sentencepiece = kind == "sentencepiece"
     shared_folder = tokenizer_config["shared"] and (not sentencepiece or runs.has_tokenizer(run_dir, "shared"))
-    names = ("shared",) if shared_folder else ("source", "target")
+    names = ("shared",) if shared_folder else ("target",) if tokenizer_config["shared"] else ("source", "target")
     settings = dict(vocab_size=tokenizer_config["vocab_size"], lower_case=tokenizer_config["lower_case"])
     if sentencepiece:
         settings["sentencepiece_settings"] = dict(model_type=tokenizer_config["sentencepiece_model"],
@@ -312,6 +312,11 @@ def _train(config, run_dir, verbose, overwrite, chief_run_dir):
         model = build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
         if settings["init_from"] and not state.trained:
             _load_init_weights(model, settings["init_from"], source_tokenizer, target_tokenizer)
+        if config["tokenizer"]["kind"] == PRETRAINED_TOKENIZERS and os.path.isdir(runs.path(run_dir, runs.PRETRAINED)):
+            from keras_transformer.pretrained import publish
+
+            # What the checkpoint's family has no tensor for stays as imported, so the run can go back to it.
+            publish.freeze_what_the_family_lacks(model, runs.path(run_dir, runs.PRETRAINED))
         compile_model(model, settings)
     logger.info("model: %d parameters, %d replica(s)", model.count_params(), replicas)
     if state.epochs_done:
@@ -586,6 +591,8 @@ def export_hf(run_dir, out_dir, dtype=None):
                 languages = tuple(config["data"]["direction"].split("-"))
             publish.write_as_marian(model, source_tokenizer, target_tokenizer, staging, config["evaluation"],
                                     languages, dtype or "float32")
+        for name in os.listdir(staging):  # readable by all, as a published checkpoint (a JSON write is private)
+            os.chmod(os.path.join(staging, name), 0o644)
     logger.info("exported %s as a Hugging Face checkpoint: %s", run_dir, out_dir)
     return out_dir
 
