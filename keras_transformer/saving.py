@@ -117,6 +117,72 @@ def _weights_through_disk():
         saving_lib.is_memory_sufficient = chooses
 
 
+# A weight at least this large goes from Keras' weights file into its variable a block of rows at a time.
+_BY_ROWS_FROM_BYTES = 16 * 2**20
+_ROWS_AT_ONCE = 8192
+
+
+class _StoredRows:
+    """A weight in Keras' weights file, for `Variable.assign`, read and written a block of rows at a time.
+
+    Keras reads each weight whole (h5py's array) and `assign` converts it to
+    a tensor (another copy) beside the variable: for an OPUS-MT-base
+    embedding table, 226 MiB above the model's own at the load's peak. A
+    TensorFlow variable takes it in blocks of rows, scattered in (a sliced
+    assign would copy the variable, as `pretrained.weights.assign_embeddings` says).
+    """
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def assign_to(self, variable, keras_assign):
+        if (keras.backend.backend() != "tensorflow" or tuple(variable.shape) != self.dataset.shape
+                or np.dtype(variable.dtype) != self.dataset.dtype):
+            return keras_assign(variable, np.asarray(self.dataset))  # Keras' own road, and its own refusals
+        import tensorflow as tf
+
+        table = variable.value  # the backend's variable, which takes a scatter
+        for start in range(0, self.dataset.shape[0], _ROWS_AT_ONCE):
+            rows = self.dataset[start : start + _ROWS_AT_ONCE]
+            table.scatter_update(tf.IndexedSlices(rows, tf.range(start, start + rows.shape[0])))
+        return variable
+
+
+@contextlib.contextmanager
+def _large_weights_read_by_rows():
+    """Keras' weights reader (`H5IOStore`) hands large weights to `assign` as `_StoredRows`.
+
+    Should a later Keras lack what this leans on (`H5IOStore`'s entry
+    group), the load works as Keras' own does.
+    """
+    from keras.src.saving import saving_lib
+
+    store = getattr(saving_lib, "H5IOStore", None)
+    if store is None:
+        yield
+        return
+    keras_getitem, keras_assign = store.__getitem__, keras.Variable.assign
+
+    def getitem(self, key):
+        group = getattr(self, "_h5_entry_group", None)
+        dataset = group.get(key) if hasattr(group, "get") else None
+        if (getattr(dataset, "ndim", 0) >= 1 and dataset.dtype == np.float32 and "dtype" not in dataset.attrs
+                and dataset.size * dataset.dtype.itemsize >= _BY_ROWS_FROM_BYTES):
+            return _StoredRows(dataset)
+        return keras_getitem(self, key)
+
+    def assign(variable, value):
+        if isinstance(value, _StoredRows):
+            return value.assign_to(variable, keras_assign)
+        return keras_assign(variable, value)
+
+    store.__getitem__, keras.Variable.assign = getitem, assign
+    try:
+        yield
+    finally:
+        store.__getitem__, keras.Variable.assign = keras_getitem, keras_assign
+
+
 class _CopiedOnce:
     """A variable that NumPy reads with one copy: `np.array(_CopiedOnce(variable))` is a read's array.
 
@@ -132,12 +198,17 @@ class _CopiedOnce:
         self.variable = variable
 
     def __array__(self, dtype=None, copy=None):
-        value = self.variable
-        if keras.backend.backend() == "tensorflow" and isinstance(value, keras.Variable):
-            import tensorflow as tf
+        return variable_as_array(self.variable, dtype)
 
-            value = tf.convert_to_tensor(value.value)
-        return np.asarray(value, dtype)
+
+def variable_as_array(variable, dtype=None):
+    """A variable's value as a NumPy array, copied once (`_CopiedOnce`: `variable.numpy()` may copy it twice or three times)."""
+    value = variable
+    if keras.backend.backend() == "tensorflow" and isinstance(value, keras.Variable):
+        import tensorflow as tf
+
+        value = tf.convert_to_tensor(value.value)
+    return np.asarray(value, dtype)
 
 
 @contextlib.contextmanager
@@ -229,7 +300,7 @@ def load_model(path, dtype_policy=None):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            with _weights_through_disk():  # not the whole weights file in memory beside the variables
+            with _weights_through_disk(), _large_weights_read_by_rows():  # see both: the load's memory
                 if rebuilt is None or rebuilt == config:
                     model = keras.saving.load_model(path, compile=False)
                 else:

@@ -339,3 +339,28 @@ def test_averaged_checkpoints_make_a_new_run_that_holds_their_mean(tmp_path):
         assert reason in line
     assert not (tmp_path / "more").exists() and not (tmp_path / "again").exists()
     assert not [name for name in os.listdir(tmp_path) if name.startswith(".incomplete")]
+
+
+def test_a_model_loads_its_large_weights_a_block_of_rows_at_a_time_exactly(monkeypatch, tmp_path):
+    """Large weights go from the file into their variables in blocks of rows (the load's memory): the same numbers."""
+    import numpy as np
+
+    from keras_transformer import models, saving
+
+    monkeypatch.setattr(saving, "_BY_ROWS_FROM_BYTES", 1024)  # every weight of a tiny model counts as large
+    monkeypatch.setattr(saving, "_ROWS_AT_ONCE", 3)  # and comes in several blocks
+    by_rows = []
+    assign_to = saving._StoredRows.assign_to
+    monkeypatch.setattr(saving._StoredRows, "assign_to",
+                        lambda self, *args: by_rows.append(self.dataset.shape) or assign_to(self, *args))
+    model = models.Transformer(src_vocab_size=50, tgt_vocab_size=40, num_layers=1, d_model=16, num_heads=2, d_ff=32,
+                               max_length=20)
+    model.build(((None, None), (None, None)))
+    generator = np.random.default_rng(0)
+    for variable in model.weights:  # not the initializers' numbers
+        variable.assign(generator.normal(size=variable.shape).astype(np.float32))
+    saving.save_model(model, str(tmp_path / "model.keras"))
+    loaded = saving.load_model(str(tmp_path / "model.keras"))
+    assert (50, 16) in by_rows and len(by_rows) > 5
+    for ours, back in zip(model.weights, loaded.weights):
+        np.testing.assert_array_equal(ours.numpy(), back.numpy(), err_msg=ours.path)

@@ -23,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+from keras_transformer.saving import variable_as_array
 from keras_transformer.text.sentencepiece import ID_OFFSET
 
 # The output bias of our padding id: its logit is never the argmax and carries no probability,
@@ -308,7 +309,7 @@ def checkpoint_tensors(weights, rows, model_order=None):
     (`their column j = our column model_order[j]`), or None to keep ours.
     """
     for weight in weights:
-        value = np.asarray(weight.variable.numpy(), np.float32)
+        value = variable_as_array(weight.variable, np.float32)
         if model_order is not None:
             for axis in weight.model_axes:
                 value = np.take(value, model_order, axis=axis)
