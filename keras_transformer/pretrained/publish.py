@@ -24,9 +24,9 @@ model axis in Marian's order (`layers.positional.halves_order`) compute the
 same function. What Marian cannot express is refused in one line
 (`check_marian`), before anything is written.
 
-Marian's LayerNorms add 1e-5 to the variance where ours add 1e-6 (the
-paper's implementations differ too): a checkpoint cannot say otherwise, so
-the logits of a run trained here move by about 1e-5 of their scale.
+Marian's LayerNorms add 1e-5 to the variance where ours add 1e-6, and a
+Marian config cannot say otherwise: the logits of a run trained here move
+by a few parts in a million of their scale (docs/pretrained.md).
 """
 
 import os
