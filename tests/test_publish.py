@@ -201,6 +201,9 @@ def test_separate_vocabularies_and_an_untied_output_go_out_and_come_back_the_sam
     config = json.loads((tmp_path / "exported" / "config.json").read_text())
     larger = max(source.vocab_size, target.vocab_size)
     assert config["vocab_size"] == config["decoder_vocab_size"] == larger and config["pad_token_id"] == larger - 1
+    for vocab_file in ("vocab.json", "target_vocab.json"):  # <pad> is the one padding id on both sides
+        vocab = json.loads((tmp_path / "exported" / vocab_file).read_text())
+        assert len(vocab) == larger and vocab["<pad>"] == config["pad_token_id"], vocab_file
     generation = json.loads((tmp_path / "exported" / "generation_config.json").read_text())
     assert generation["bad_words_ids"] == [[index] for index in range(target.vocab_size - 1, larger)]
     assert not config["share_encoder_decoder_embeddings"] and not config["tie_word_embeddings"]

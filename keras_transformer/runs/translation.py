@@ -312,11 +312,13 @@ def _train(config, run_dir, verbose, overwrite, chief_run_dir):
         model = build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
         if settings["init_from"] and not state.trained:
             _load_init_weights(model, settings["init_from"], source_tokenizer, target_tokenizer)
-        if config["tokenizer"]["kind"] == PRETRAINED_TOKENIZERS and os.path.isdir(runs.path(run_dir, runs.PRETRAINED)):
+        imported = config["tokenizer"]["kind"] == PRETRAINED_TOKENIZERS
+        files_dir = _checkpoint_files(run_dir, required=False) if imported else None
+        if files_dir:
             from keras_transformer.pretrained import publish
 
             # What the checkpoint's family has no tensor for stays as imported, so the run can go back to it.
-            publish.freeze_what_the_family_lacks(model, runs.path(run_dir, runs.PRETRAINED))
+            publish.freeze_what_the_family_lacks(model, files_dir)
         compile_model(model, settings)
     logger.info("model: %d parameters, %d replica(s)", model.count_params(), replicas)
     if state.epochs_done:
@@ -597,8 +599,11 @@ def export_hf(run_dir, out_dir, dtype=None):
     return out_dir
 
 
-def _checkpoint_files(run_dir):
-    """The folder of an imported run's checkpoint files: its own, or (runs made before runs kept them) the checkpoint's."""
+def _checkpoint_files(run_dir, required=True):
+    """The folder of an imported run's checkpoint files: its own, or (runs made before runs kept them) the checkpoint's.
+
+    None for none, where not `required`.
+    """
     looked_at = []
     while run_dir:
         if os.path.isdir(runs.path(run_dir, runs.PRETRAINED)):
@@ -609,6 +614,8 @@ def _checkpoint_files(run_dir):
             return checkpoint
         looked_at.append(checkpoint or run_dir)
         run_dir = config["training"].get("init_from")
+    if not required:
+        return None
     raise FileNotFoundError(f"the run keeps no files of the checkpoint it was imported from, and "
                             f"{looked_at[-1]} is gone: import the checkpoint again")
 
