@@ -54,7 +54,7 @@ def main():
     parser.add_argument("--data-dir")
     parser.add_argument("--epochs", type=int, default=RECIPE["training"]["epochs"])
     parser.add_argument("--precision", default=RECIPE["training"]["precision"])
-    parser.add_argument("--tokenizer", choices=("wordpiece", "sentencepiece"), default="wordpiece")
+    parser.add_argument("--tokenizer", choices=options.TOKENIZER_KINDS, default="wordpiece")
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     config = options.merge_config(

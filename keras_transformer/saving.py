@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import warnings
 import zipfile
 
@@ -96,13 +97,11 @@ def release_freed_memory():
 
 @contextlib.contextmanager
 def _weights_through_disk():
-    """Make Keras' `.keras` reader and writer take their low-memory road: the weights file on disk, beside the zip.
+    """Make Keras' `.keras` writer take its low-memory road: the weights file on disk, then into the zip.
 
     Keras takes it by itself when memory is short (`is_memory_sufficient`);
-    here it is taken always: saving, the weights go to a file and then into
-    the zip; loading, they are extracted to a file and read from it, never
-    the whole file in memory beside the variables. Should a later Keras
-    lack that function, it works as Keras' own does.
+    here it is taken always. Should a later Keras lack that function, the
+    save works as Keras' own does.
     """
     from keras.src.saving import saving_lib
 
@@ -117,70 +116,90 @@ def _weights_through_disk():
         saving_lib.is_memory_sufficient = chooses
 
 
-# A weight at least this large goes from Keras' weights file into its variable a block of rows at a time.
+# A weight at least this large goes from a weights file into its variable a block of rows at a time.
 _BY_ROWS_FROM_BYTES = 16 * 2**20
-_ROWS_AT_ONCE = 8192
+ROWS_AT_ONCE = 8192  # 16 MiB of an embedding table at d_model 512
+# Keras' classes are patched for the length of one load at a time (`_large_weights_read_by_rows`).
+_PATCHING = threading.Lock()
+
+
+def scatter_rows(variable, blocks):
+    """Write `(first row, rows)` blocks into a TensorFlow-backed variable, scattered in.
+
+    So that a large table is never whole in memory beside its variable: a
+    sliced `assign` would read the variable first, and TensorFlow copies a
+    variable that something else reads before writing into it.
+    """
+    import tensorflow as tf
+
+    table = variable.value  # the backend's variable, which takes a scatter
+    for start, rows in blocks:
+        table.scatter_update(tf.IndexedSlices(rows, tf.range(start, start + rows.shape[0])))
 
 
 class _StoredRows:
-    """A weight in Keras' weights file, for `Variable.assign`, read and written a block of rows at a time.
+    """A weight in a weights file, for `Variable.assign`, read and written a block of rows at a time.
 
     Keras reads each weight whole (h5py's array) and `assign` converts it to
     a tensor (another copy) beside the variable: for an OPUS-MT-base
-    embedding table, 226 MiB above the model's own at the load's peak. A
-    TensorFlow variable takes it in blocks of rows, scattered in (a sliced
-    assign would copy the variable, as `pretrained.weights.assign_embeddings` says).
+    embedding table, 226 MiB above the model's own at the load's peak.
     """
 
     def __init__(self, dataset):
         self.dataset = dataset
 
     def assign_to(self, variable, keras_assign):
-        if (keras.backend.backend() != "tensorflow" or tuple(variable.shape) != self.dataset.shape
-                or np.dtype(variable.dtype) != self.dataset.dtype):
+        if tuple(variable.shape) != self.dataset.shape or np.dtype(variable.dtype) != self.dataset.dtype:
             return keras_assign(variable, np.asarray(self.dataset))  # Keras' own road, and its own refusals
-        import tensorflow as tf
-
-        table = variable.value  # the backend's variable, which takes a scatter
-        for start in range(0, self.dataset.shape[0], _ROWS_AT_ONCE):
-            rows = self.dataset[start : start + _ROWS_AT_ONCE]
-            table.scatter_update(tf.IndexedSlices(rows, tf.range(start, start + rows.shape[0])))
+        rows = self.dataset.shape[0]
+        scatter_rows(variable, ((start, self.dataset[start : start + ROWS_AT_ONCE])
+                                for start in range(0, rows, ROWS_AT_ONCE)))
         return variable
 
 
 @contextlib.contextmanager
 def _large_weights_read_by_rows():
-    """Keras' weights reader (`H5IOStore`) hands large weights to `assign` as `_StoredRows`.
+    """Keras' weights reader (`H5IOStore`) hands large float32 weights to `assign` as `_StoredRows`.
 
-    Should a later Keras lack what this leans on (`H5IOStore`'s entry
-    group), the load works as Keras' own does.
+    TensorFlow's backend only (others read as Keras does). A weight is
+    looked up as Keras looks it up (`safe_get_h5_dataset`, which refuses
+    links out of the file). Should a later Keras lack what this leans on,
+    the load works as Keras' own does.
     """
     from keras.src.saving import saving_lib
 
     store = getattr(saving_lib, "H5IOStore", None)
-    if store is None:
+    safe_dataset = getattr(saving_lib, "safe_get_h5_dataset", None)
+    if keras.backend.backend() != "tensorflow" or store is None or safe_dataset is None:
         yield
         return
-    keras_getitem, keras_assign = store.__getitem__, keras.Variable.assign
 
-    def getitem(self, key):
-        group = getattr(self, "_h5_entry_group", None)
-        dataset = group.get(key) if hasattr(group, "get") else None
-        if (getattr(dataset, "ndim", 0) >= 1 and dataset.dtype == np.float32 and "dtype" not in dataset.attrs
-                and dataset.size * dataset.dtype.itemsize >= _BY_ROWS_FROM_BYTES):
-            return _StoredRows(dataset)
-        return keras_getitem(self, key)
+    with _PATCHING:
+        keras_getitem, keras_assign = store.__getitem__, keras.Variable.assign
+        own_assign = "assign" in vars(keras.Variable)  # else inherited, and put back by deleting ours
 
-    def assign(variable, value):
-        if isinstance(value, _StoredRows):
-            return value.assign_to(variable, keras_assign)
-        return keras_assign(variable, value)
+        def getitem(self, key):
+            group = getattr(self, "_h5_entry_group", None)
+            dataset = safe_dataset(group, key) if hasattr(group, "get") else None
+            if (getattr(dataset, "ndim", 0) >= 1 and dataset.dtype == np.float32 and "dtype" not in dataset.attrs
+                    and dataset.size * dataset.dtype.itemsize >= _BY_ROWS_FROM_BYTES):
+                return _StoredRows(dataset)
+            return keras_getitem(self, key)
 
-    store.__getitem__, keras.Variable.assign = getitem, assign
-    try:
-        yield
-    finally:
-        store.__getitem__, keras.Variable.assign = keras_getitem, keras_assign
+        def assign(variable, value):
+            if isinstance(value, _StoredRows):
+                return value.assign_to(variable, keras_assign)
+            return keras_assign(variable, value)
+
+        store.__getitem__, keras.Variable.assign = getitem, assign
+        try:
+            yield
+        finally:
+            store.__getitem__ = keras_getitem
+            if own_assign:
+                keras.Variable.assign = keras_assign
+            else:
+                del keras.Variable.assign
 
 
 class _CopiedOnce:
@@ -300,11 +319,7 @@ def load_model(path, dtype_policy=None):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            with _weights_through_disk(), _large_weights_read_by_rows():  # see both: the load's memory
-                if rebuilt is None or rebuilt == config:
-                    model = keras.saving.load_model(path, compile=False)
-                else:
-                    model = _load_with_config(path, rebuilt)
+            model = _load_with_config(path, config if rebuilt is None else rebuilt)
         except Exception as error:  # Keras and h5py raise many kinds; the message says which
             raise DamagedFileError(f"{path} could not be loaded: {first_line(error)}") from None
     loaded = len(model.weights)
@@ -343,17 +358,20 @@ def _with_dtype_policy(config, name):
 
 
 def _load_with_config(path, config):
-    """The model of the archive `path` made from `config` (its own, changed), with the archive's weights.
+    """The model of the archive `path` made from `config` (its own, or changed), with the archive's weights.
 
     What `keras.saving.load_model` does, in Keras' public calls: the model
     made from the config (safe mode; built by its `build_config`), then the
     weights, taken out of the archive first (as Keras does with a large
     model): read from the archive directly, h5py's small reads through
-    the zip file make an OPUS-MT-sized model load 7x slower.
+    the zip file make an OPUS-MT-sized model load 7x slower. Large weights
+    go in a block of rows at a time (`_large_weights_read_by_rows`).
     """
     model = keras.saving.deserialize_keras_object({**config, "compile_config": None}, safe_mode=True)
     with zipfile.ZipFile(path) as archive, tempfile.TemporaryDirectory(prefix="keras-transformer-") as directory:
-        model.load_weights(archive.extract("model.weights.h5", directory))
+        weights = archive.extract("model.weights.h5", directory)
+        with _large_weights_read_by_rows():
+            model.load_weights(weights)
     return model
 
 
@@ -365,7 +383,8 @@ def load_weights(model, path):
     except OSError as error:
         raise DamagedFileError(f"{path} is not a readable weights file ({first_line(error)})") from None
     try:
-        model.load_weights(path)
+        with _large_weights_read_by_rows():
+            model.load_weights(path)
     except Exception as error:  # a readable file whose contents do not fit the model
         raise DamagedFileError(f"{path} does not hold this model's weights ({first_line(error)})") from None
 

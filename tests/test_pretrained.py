@@ -136,7 +136,7 @@ def test_an_embedding_table_goes_in_block_by_block_row_for_row(monkeypatch, tmp_
 
     from keras_transformer.pretrained import checkpoint, weights
 
-    monkeypatch.setattr(weights, "EMBEDDING_ROWS_AT_ONCE", 4)
+    monkeypatch.setattr(weights, "ROWS_AT_ONCE", 4)
     theirs_table = np.random.default_rng(0).normal(size=(10, 3)).astype(np.float16)
     save_file({"model.shared.weight": theirs_table, "short": theirs_table[:9]}, str(tmp_path / "model.safetensors"))
     from_file = checkpoint.LazyWeights([str(tmp_path / "model.safetensors")])

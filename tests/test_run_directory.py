@@ -348,7 +348,7 @@ def test_a_model_loads_its_large_weights_a_block_of_rows_at_a_time_exactly(monke
     from keras_transformer import models, saving
 
     monkeypatch.setattr(saving, "_BY_ROWS_FROM_BYTES", 1024)  # every weight of a tiny model counts as large
-    monkeypatch.setattr(saving, "_ROWS_AT_ONCE", 3)  # and comes in several blocks
+    monkeypatch.setattr(saving, "ROWS_AT_ONCE", 3)  # and comes in several blocks
     by_rows = []
     assign_to = saving._StoredRows.assign_to
     monkeypatch.setattr(saving._StoredRows, "assign_to",

@@ -21,6 +21,8 @@ import struct
 import ml_dtypes  # noqa: F401  (gives NumPy the bfloat16 dtype, so safetensors can hand such tensors over)
 import numpy as np
 
+from keras_transformer.saving import first_line
+
 CONFIG, GENERATION_CONFIG = "config.json", "generation_config.json"
 # Files every family's tokenizer may have beside its own (`save_pretrained` writes them).
 SPECIAL_TOKENS_MAP, ADDED_TOKENS = "special_tokens_map.json", "added_tokens.json"
@@ -154,10 +156,6 @@ def read_weights(directory):
         index = read_json_file(directory, SAFETENSORS_INDEX)
         files = [os.path.join(directory, shard) for shard in sorted(set(index.get("weight_map", {}).values()))]
     return LazyWeights(files)
-
-
-def first_line(error):
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def _widened(array):

@@ -19,18 +19,17 @@ mapping fails loudly here, not quietly in a translation.
 """
 
 import dataclasses
+import itertools
 from typing import Callable
 
 import numpy as np
 
-from keras_transformer.saving import variable_as_array
+from keras_transformer.saving import ROWS_AT_ONCE, scatter_rows, variable_as_array
 from keras_transformer.text.sentencepiece import ID_OFFSET
 
 # The output bias of our padding id: its logit is never the argmax and carries no probability,
 # as if the id were not there (every search also forbids it outright).
 PADDING_LOGIT_BIAS = -30.0
-# Rows of an embedding table copied in one piece (16 MiB at d_model 512).
-EMBEDDING_ROWS_AT_ONCE = 8192
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,22 +280,15 @@ def assign(variable, value, name):
 def assign_embeddings(variable, read, name):
     """The checkpoint's `(vocab, d)` embeddings `name` into our `(vocab + 1, d)` table: row 0 (our padding) zeros, theirs after.
 
-    Read and written a block of rows at a time, scattering rows into the
-    variable: the largest matrix of a checkpoint is never whole in memory
-    beside it. (A sliced `assign` would read the variable first, and
-    TensorFlow copies a variable that something else reads before writing
-    into it.)
+    Read and written a block of rows at a time (`saving.scatter_rows`): the
+    largest matrix of a checkpoint is never whole in memory beside it.
     """
-    import tensorflow as tf
-
     shape = read.shape(name)
     if tuple(variable.shape) != (shape[0] + ID_OFFSET, shape[1]):
         raise ValueError(f"{name}: the checkpoint's shape {shape} does not fit {tuple(variable.shape)}")
-    table = variable.value  # the backend's variable, which takes a scatter
-    table.scatter_update(tf.IndexedSlices(np.zeros((ID_OFFSET, shape[1]), np.float32), tf.range(ID_OFFSET)))
-    for start, rows in read.row_blocks(name, EMBEDDING_ROWS_AT_ONCE):
-        positions = tf.range(ID_OFFSET + start, ID_OFFSET + start + rows.shape[0])
-        table.scatter_update(tf.IndexedSlices(np.asarray(rows, np.float32), positions))
+    padding = [(0, np.zeros((ID_OFFSET, shape[1]), np.float32))]
+    theirs = ((ID_OFFSET + start, np.asarray(rows, np.float32)) for start, rows in read.row_blocks(name, ROWS_AT_ONCE))
+    scatter_rows(variable, itertools.chain(padding, theirs))
 
 
 # -- our variables -> checkpoint ------------------------------------------------------------------

@@ -29,7 +29,7 @@ import os
 import tensorflow as tf
 import tensorflow_text as text
 
-from keras_transformer.saving import read_json, replace_whole, write_json
+from keras_transformer.saving import first_line, read_json, replace_whole, write_json
 from keras_transformer.text.portable import join_columns, left_aligned
 
 # checkpoint id + ID_OFFSET = our id; our id 0 is padding.
@@ -170,6 +170,8 @@ class SentencePieceTokenizer(tf.Module):
         it; a LiteRT file, which has no op to refuse with, answers its row
         with nothing (`export.litert`).
         """
+        if not self.languages:
+            raise ValueError("this tokenizer names no languages (only M2M100's and NLLB's do)")
         codes = tf.convert_to_tensor(codes, tf.string)
         known = tf.constant(list(self.languages), tf.string)
         token_ids = tf.constant([self.id_of(token) for token in self.languages.values()], tf.int32)
@@ -183,8 +185,6 @@ class SentencePieceTokenizer(tf.Module):
         An unknown code fails the graph with an `InvalidArgument` error that
         names `name` (the request's input) and the codes it got.
         """
-        if not self.languages:
-            raise ValueError("this tokenizer names no languages (only M2M100's and NLLB's do)")
         codes = tf.convert_to_tensor(codes, tf.string)
         ids, known = self.language_lookup(codes)
         unknown = tf.boolean_mask(codes, ~known)
@@ -253,7 +253,7 @@ class SentencePieceTokenizer(tf.Module):
                 num_threads=1, minloglevel=2,  # one thread: the same pieces on every machine
             )
         except RuntimeError as error:  # SentencePiece's own check, e.g. a vocabulary smaller than the alphabet
-            raise ValueError(f"SentencePiece cannot learn this vocabulary: {str(error).splitlines()[0]}") from None
+            raise ValueError(f"SentencePiece cannot learn this vocabulary: {first_line(error)}") from None
         processor = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
         vocab = [processor.id_to_piece(index) for index in range(processor.get_piece_size())]
         return cls(model.getvalue(), vocab, unk_token="<unk>", end_token="</s>", start_token=start_token)
