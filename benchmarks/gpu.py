@@ -202,9 +202,10 @@ def our_generate(model, beam_size, new_tokens):
             return logits[:, 0], cache
 
         def reorder(cache, rows):
-            # Self-attention caches are (2, rows, heads, length, key_dim); a sentence's
+            # Self-attention caches are (keys, values) of (rows, heads, length, key_dim); a sentence's
             # beams share its source, so the cross-attention caches need no reordering.
-            return [{**layer, "self_attention": ops.take(layer["self_attention"], rows, axis=1)} for layer in cache]
+            return [{**layer, "self_attention": tuple(ops.take(part, rows, axis=0) for part in layer["self_attention"])}
+                    for layer in cache]
 
         return search(step, cache, reorder, batch, beam_size, new_tokens)
 

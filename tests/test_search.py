@@ -104,7 +104,7 @@ def test_beam_of_one_is_greedy(model):
     def search(x, beam_search_of_one=False):
         max_lengths = output_limits(model, x, max_extra_length=6)
         step_fn, cache, context = transformer_step(model, x, num_steps(max_lengths))
-        settings = dict(context=context, cache_batch_axis=1)
+        settings = dict(context=context)
         if beam_search_of_one:
             return beam_search(step_fn, cache, START, END, max_lengths, beam_size=1, **settings)
         return greedy_search(step_fn, cache, START, END, max_lengths, **settings)
@@ -274,21 +274,19 @@ def toy_table(rows, vocab=5):
     return table
 
 
-def toy_step(table, cache_batch_axis=0):
+def toy_step(table):
     """A trigram model as a step function: its cache holds each row's previous token."""
     log_table = tf.math.log(tf.convert_to_tensor(table, tf.float32))  # an array, or a graph's input
 
     def step_fn(tokens, cache, index, context):
-        previous = cache["previous"][0] if cache_batch_axis == 1 else cache["previous"]
-        logits = tf.gather_nd(log_table, tf.stack([previous, tokens], axis=1))
-        return logits, {"previous": tokens[None] if cache_batch_axis == 1 else tokens}
+        logits = tf.gather_nd(log_table, tf.stack([cache["previous"], tokens], axis=1))
+        return logits, {"previous": tokens}
 
     return step_fn
 
 
-def toy_cache(previous, beams=1, cache_batch_axis=0):
-    previous = tf.repeat(tf.constant(previous, tf.int32), beams)  # every beam of a sentence starts alike
-    return {"previous": previous[None] if cache_batch_axis == 1 else previous}
+def toy_cache(previous, beams=1):
+    return {"previous": tf.repeat(tf.constant(previous, tf.int32), beams)}  # every beam of a sentence starts alike
 
 
 def toy_scores(table, previous_tokens, tokens, alpha):
@@ -360,20 +358,18 @@ def test_searching_on_after_the_beam_is_full_stops_where_hugging_faces_heuristic
     assert np.log(0.2 * 0.99 * 0.99) / 3 > np.log(0.3 * 0.9) / 2
 
 
-@pytest.mark.parametrize("cache_batch_axis", [0, 1])
-def test_searches_return_what_a_random_step_function_scores_them(cache_batch_axis):
+def test_searches_return_what_a_random_step_function_scores_them():
     # A random trigram: the cache must follow every row (and every reordered
     # beam), or the returned scores would not be those of the returned tokens.
     vocab, alpha = 7, 0.6
     table = np.random.default_rng(0).dirichlet(np.full(vocab, 0.5), size=(vocab, vocab)).astype(np.float32)
     first, max_lengths = [3, 4, 5, 6, 0], [1, 3, 4, 5, 6]
-    step_fn = toy_step(table, cache_batch_axis)
+    step_fn = toy_step(table)
     settings = dict(start_id=TOY_START, end_id=TOY_END, max_lengths=max_lengths, length_alpha=alpha)
-    greedy = graph_function(lambda cache: greedy_search(step_fn, cache, cache_batch_axis=cache_batch_axis, **settings))(
-        toy_cache(first, 1, cache_batch_axis))
+    greedy = graph_function(lambda cache: greedy_search(step_fn, cache, **settings))(toy_cache(first, 1))
     for beams in (1, 2, 3):
-        found = graph_function(lambda cache: beam_search(step_fn, cache, beam_size=beams, cache_batch_axis=cache_batch_axis,
-                                                      **settings))(toy_cache(first, beams, cache_batch_axis))
+        found = graph_function(lambda cache: beam_search(step_fn, cache, beam_size=beams, **settings))(
+            toy_cache(first, beams))
         if beams == 1:
             np.testing.assert_array_equal(found[0].numpy(), greedy[0].numpy())
         for tokens, scores in (greedy, found):

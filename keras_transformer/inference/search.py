@@ -21,7 +21,7 @@ The state comes in two parts, nested structures (lists, tuples, dicts) of
 tensors with a row of each tensor per row of the search:
 
 - `cache`: what every step updates (the self-attention keys and values so
-  far), rows on axis `cache_batch_axis`. The step function returns it with
+  far), rows on axis 0. The step function returns it with
   the same structure; it may grow a tensor along any other axis (the
   Transformer's step doubles its room as positions fill). One that keeps
   every shape fixed (writing in place at `index`, as the language model's
@@ -168,9 +168,9 @@ def write_column(buffer, column, values):
 Sentences = collections.namedtuple("Sentences", ["places", "max_lengths", "first_ids"])
 
 
-def _take(structure, indices, axis=0):
-    """Every tensor of `structure`, cut down to `indices` on `axis`."""
-    return tf.nest.map_structure(lambda value: tf.gather(value, indices, axis=axis), structure)
+def _take(structure, indices):
+    """Every tensor of `structure`, cut down to `indices` on axis 0."""
+    return tf.nest.map_structure(lambda value: tf.gather(value, indices), structure)
 
 
 def _unfinished(finished, rows_per_source):
@@ -199,9 +199,8 @@ def _drop_finished(finished, sentences, answers, results, per_sentence, per_row,
         answers: `() -> (tokens, scores)`, every searched sentence's answer.
         results: the whole batch's `(tokens, scores)` so far.
         per_sentence: the search's state and the context, sentences on axis 0.
-        per_row: `[(structure, axis), ...]`: greedy search's cache (beam
-            search gathers its own), `rows_per_source` rows a sentence on
-            `axis`.
+        per_row: `[structure, ...]`: greedy search's cache (beam search
+            gathers its own), `rows_per_source` rows a sentence on axis 0.
 
     Returns:
         `(results, (sentences, per_sentence), [structure, ...])`, all cut
@@ -213,10 +212,10 @@ def _drop_finished(finished, sentences, answers, results, per_sentence, per_row,
         found = _take(answers(), tf.where(finished)[:, 0])
         kept, kept_rows = _unfinished(finished, rows_per_source)
         return (_set_aside(results, places, found), _take((sentences, per_sentence), kept),
-                [_take(structure, kept_rows, axis) for structure, axis in per_row])
+                [_take(structure, kept_rows) for structure in per_row])
 
     def keep_all():
-        return results, (sentences, per_sentence), [structure for structure, _ in per_row]
+        return results, (sentences, per_sentence), list(per_row)
 
     # Most steps finish no sentence: the gathers run only on those that do.
     return tf.cond(tf.reduce_any(finished), drop, keep_all)
@@ -233,8 +232,7 @@ def _drop_finished(finished, sentences, answers, results, per_sentence, per_row,
 # rules, and dropping finished sentences.
 
 
-def _search(strategy, step_fn, cache, start_id, end_id, max_lengths, context, cache_batch_axis, drop_finished, rules,
-            first_ids):
+def _search(strategy, step_fn, cache, start_id, end_id, max_lengths, context, drop_finished, rules, first_ids):
     """Run `strategy` against `step_fn` until every sentence is finished: `(tokens, scores)`."""
     max_lengths = tf.convert_to_tensor(max_lengths, tf.int32)
     batch = tf.shape(max_lengths)[0]
@@ -260,13 +258,13 @@ def _search(strategy, step_fn, cache, start_id, end_id, max_lengths, context, ca
             # Beam search gathers its cache rows by `parents` below, which
             # drops the finished sentences' rows at no extra cost; greedy
             # search keeps its rows in place, so they are dropped here.
-            own_rows = [] if strategy.reorders_rows else [(cache, cache_batch_axis)]
+            own_rows = [] if strategy.reorders_rows else [cache]
             results, (sentences, (state, parents, tokens, context)), own_rows = _drop_finished(
                 strategy.finished(state), sentences, lambda: strategy.answers(state), results,
                 (state, parents, tokens, context), own_rows, rows_per_source)
             cache = own_rows[0] if own_rows else cache
         if strategy.reorders_rows:
-            cache = _take(cache, tf.reshape(parents, [-1]), cache_batch_axis)
+            cache = _take(cache, tf.reshape(parents, [-1]))
         return step + 1, sentences, cache, context, tf.reshape(tokens, [-1]), state, results
 
     initial = (
@@ -349,7 +347,6 @@ def greedy_search(
     max_lengths,
     length_alpha=0.6,
     context=(),
-    cache_batch_axis=0,
     drop_finished=True,
     rules=None,
     length_penalty_kind=GNMT,
@@ -360,13 +357,12 @@ def greedy_search(
     Args:
         step_fn: `(tokens, cache, index, context) -> (logits, cache)`, see
             the module docstring; one row per sentence.
-        cache: its initial cache, rows on `cache_batch_axis`.
+        cache: its initial cache, rows on axis 0.
         start_id, end_id: the output vocabulary's [START] and [END] ids.
         max_lengths: `(batch,)` int32, each sentence's longest output.
         length_alpha: alpha of the length penalty used for the returned score.
         context: what the step function reads but never changes, one row
             per sentence on axis 0 (default: nothing).
-        cache_batch_axis: the rows' axis in every cache tensor.
         drop_finished: drop a sentence's rows once it has finished (False:
             fixed shapes, for XLA; the same result, up to rounding where a
             kernel sums differently for another number of rows).
@@ -382,12 +378,11 @@ def greedy_search(
 
     Example:
     >>> step_fn, cache, context = transformer_step(model, source_ids, num_steps(max_lengths))
-    >>> tokens, scores = greedy_search(step_fn, cache, start_id, end_id, max_lengths, context=context,
-    ...                                cache_batch_axis=cache_batch_axis())
+    >>> tokens, scores = greedy_search(step_fn, cache, start_id, end_id, max_lengths, context=context)
     """
     strategy = GreedySearch(end_id, length_alpha, length_penalty_kind)
-    return _search(strategy, step_fn, cache, start_id, end_id, max_lengths, context, cache_batch_axis,
-                   drop_finished, rules, first_ids)
+    return _search(strategy, step_fn, cache, start_id, end_id, max_lengths, context, drop_finished, rules,
+                   first_ids)
 
 
 # -- beam search -----------------------------------------------------------------------
@@ -519,7 +514,6 @@ def beam_search(
     beam_size=4,
     length_alpha=0.6,
     context=(),
-    cache_batch_axis=0,
     keep_greedy=False,
     drop_finished=True,
     rules=None,
@@ -552,13 +546,12 @@ def beam_search(
             beam j of sentence b, and row `b * rows + beam_size` its greedy
             path.
         cache: its initial cache for those rows, every row of a sentence
-            holding the same (`tf.repeat(..., rows, axis=cache_batch_axis)`
-            lays a sentence's cache out so). Rows are reordered by a gather on
-            `cache_batch_axis` as beams survive and die.
+            holding the same (`tf.repeat(..., rows, axis=0)` lays a
+            sentence's cache out so). Rows are reordered by a gather on axis
+            0 as beams survive and die.
         context: as for `greedy_search`: one row per sentence, which all
             its rows read.
         max_lengths: `(batch,)` int32, one limit per sentence.
-        cache_batch_axis: the rows' axis in every cache tensor.
         keep_greedy: follow the greedy path too, and return it where it
             scores better.
         stop_when_beam_full: a sentence is done once `beam_size` of its
@@ -573,8 +566,8 @@ def beam_search(
         `(tokens (batch, steps) int32, scores (batch,) float32)`.
     """
     strategy = BeamSearch(end_id, beam_size, length_alpha, length_penalty_kind, keep_greedy, stop_when_beam_full)
-    return _search(strategy, step_fn, cache, start_id, end_id, max_lengths, context, cache_batch_axis,
-                   drop_finished, rules, first_ids)
+    return _search(strategy, step_fn, cache, start_id, end_id, max_lengths, context, drop_finished, rules,
+                   first_ids)
 
 
 def _cannot_be_beaten(best_final, final_count, live_log_probs, step, max_lengths, penalty):

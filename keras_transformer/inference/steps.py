@@ -64,20 +64,20 @@ def output_limits(model, source_ids, max_extra_length=50, max_output_length=None
 def grow_cache(cache, index, max_length):
     """A self-attention cache with room for output position `index`: doubled (to at most `max_length`) when full.
 
-    `cache` is `(2, rows, heads, room, head_dim)` (`CachedMultiHeadAttention`'s
-    layout), positions below `index` filled. While `index < room` it is
-    returned as it is; else with as many new zero slots as it has (fewer
-    where `max_length` is nearer), so that the copies made while growing
-    add up to less than the final room.
+    `cache` is `(keys, values)`, each `(rows, heads, room, head_dim)`
+    (`CachedMultiHeadAttention`'s layout), positions below `index` filled.
+    While `index < room` it is returned as it is; else with as many new zero
+    slots as it has (fewer where `max_length` is nearer), so that the copies
+    made while growing add up to less than the final room.
     """
-    room = tf.shape(cache)[3]
+    room = tf.shape(cache[0])[2]
 
     def doubled():
-        rows, heads, head_dim = tf.shape(cache)[1], tf.shape(cache)[2], tf.shape(cache)[4]
-        new_slots = tf.zeros([2, rows, heads, tf.minimum(room, max_length - room), head_dim], cache.dtype)
-        return tf.concat([cache, new_slots], axis=3)
+        rows, heads, _, head_dim = tf.unstack(tf.shape(cache[0]))
+        new_slots = tf.zeros([rows, heads, tf.minimum(room, max_length - room), head_dim], cache[0].dtype)
+        return tuple(tf.concat([cached, new_slots], axis=2) for cached in cache)
 
-    return tf.cond(index < room, lambda: cache, doubled)
+    return tf.cond(index < room, lambda: tuple(cache), doubled)
 
 
 def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache=True, growing_cache=True):
@@ -104,21 +104,19 @@ def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache
         -> (logits, cache)`: `tokens` `(rows,)` are the tokens at output
         position `index` ([START] at 0), `logits` `(rows, target_vocab)`
         float32 those of the next token. With `use_cache` the cache is one
-        self-attention cache per decoder layer, `(2, rows, heads, room,
-        head_dim)`: rows on axis 1 (keys and values are stacked on axis 0),
-        and the context the source's padding mask and every layer's
-        cross-attention keys and values, a `(keys, values)` pair of `(batch,
-        heads, source_length, head_dim)`. Without, the cache is the
-        decoder's inputs so far, `(rows, max_length)`: rows on axis 0, and
-        the context the encoder output and the mask.
-        `cache_batch_axis(use_cache)` says where the cache's rows are; the
-        context's sentences are on axis 0.
+        self-attention cache per decoder layer, a `(keys, values)` pair of
+        `(rows, heads, room, head_dim)`, and the context the source's
+        padding mask and every layer's cross-attention keys and values, a
+        `(keys, values)` pair of `(batch, heads, source_length, head_dim)`.
+        Without, the cache is the decoder's inputs so far, `(rows,
+        max_length)`, and the context the encoder output and the mask.
+        Either way the cache's rows and the context's sentences are on
+        axis 0.
 
     Example:
     >>> max_lengths = output_limits(model, source_ids)
     >>> step_fn, cache, context = transformer_step(model, source_ids, num_steps(max_lengths))
-    >>> greedy_search(step_fn, cache, start_id, end_id, max_lengths, context=context,
-    ...               cache_batch_axis=cache_batch_axis())
+    >>> greedy_search(step_fn, cache, start_id, end_id, max_lengths, context=context)
     """
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)
     memory = model.encode(source_ids)
@@ -142,10 +140,8 @@ def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache
 
     room = tf.minimum(INITIAL_CACHE_ROOM, max_length) if growing_cache else max_length
     caches = model.build_cache(memory, room)
-    # A layer's cross-attention cache stacks keys and values on axis 0; as a
-    # (keys, values) pair each holds its sentences on axis 0, as the context's must.
-    context["source_keys_values"] = [tuple(tf.unstack(layer["cross_attention"])) for layer in caches]
-    own_keys_values = [repeat(layer["self_attention"], axis=1) for layer in caches]
+    context["source_keys_values"] = [layer["cross_attention"] for layer in caches]
+    own_keys_values = [tuple(repeat(cached) for cached in layer["self_attention"]) for layer in caches]
 
     # Tied embeddings: the output projection's kernel, transposed once here, not at every step.
     output_kernel = model.tied_output_kernel() if model.tie_output else None
@@ -179,9 +175,9 @@ def language_model_step(model, batch_size, max_length, use_cache=True):
 
     Returns:
         `(step_fn, cache)`, like `transformer_step`'s without a context, with
-        the rows on axis `cache_batch_axis(use_cache)`. A language model
-        reads no context: its step function takes one, as every step
-        function does, and ignores it (the sampler passes `()`).
+        the rows on axis 0. A language model reads no context: its step
+        function takes one, as every step function does, and ignores it
+        (the sampler passes `()`).
     """
     if not use_cache:
 
@@ -214,11 +210,6 @@ def language_model_prefill(model):
         return [layer["self_attention"] for layer in layers]
 
     return prefill
-
-
-def cache_batch_axis(use_cache=True):
-    """The rows' axis in the cache of `transformer_step(..., use_cache=use_cache)`."""
-    return 1 if use_cache else 0
 
 
 def transformer_search(
@@ -274,8 +265,8 @@ def transformer_search(
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)
     max_lengths = output_limits(model, source_ids, max_extra_length, max_output_length)
     search = dict(start_id=start_id, end_id=end_id, max_lengths=max_lengths, length_alpha=length_alpha,
-                  cache_batch_axis=cache_batch_axis(use_cache), drop_finished=not static_shapes, rules=rules,
-                  length_penalty_kind=length_penalty_kind, first_ids=first_ids)
+                  drop_finished=not static_shapes, rules=rules, length_penalty_kind=length_penalty_kind,
+                  first_ids=first_ids)
     rows_per_source = 1 if beam_size == 1 else beam_rows_per_source(beam_size, keep_greedy)
     step_fn, cache, context = transformer_step(model, source_ids, num_steps(max_lengths),
                                                rows_per_source=rows_per_source, use_cache=use_cache,

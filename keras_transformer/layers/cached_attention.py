@@ -2,14 +2,14 @@
 
 Generating one token at a time, a decoder's new query must attend to the
 keys and values of every earlier position. Recomputing them each step is
-quadratic work; instead each attention layer keeps them in a cache tensor of
-shape
+quadratic work; instead each attention layer keeps them in a cache, a pair of
+tensors
 
-    (2, batch, num_heads, max_length, head_dim)     [0] keys, [1] values
+    (keys, values)      each (batch, num_heads, max_length, head_dim)
 
-(keys and values on the leading axis, so that taking either one is a view,
-not a copy). `CachedMultiHeadAttention` is `MultiHeadAttention` with two
-more ways to be called:
+(two tensors, not one stacked: attention reads each as it is, where taking a
+half of a stacked one copies it in LiteRT). `CachedMultiHeadAttention` is
+`MultiHeadAttention` with two more ways to be called:
 
 * *a self-attention step*: `cache` and `cache_index` (how many positions
   are filled). The layer projects only the new positions, writes their keys
@@ -20,8 +20,7 @@ more ways to be called:
   positions as it has written.
 * *cross-attention on a fixed context*: `cache` alone, the projected encoder
   output (`compute_cache`), computed once per source sentence and never
-  written. A `(keys, values)` pair serves as well (`inference.steps` keeps it
-  so, the rows of both on axis 0).
+  written.
 
 Either returns `(outputs, cache)`. Attention maps come from a full pass
 (`MultiHeadAttention.call`), not from decoding steps.
@@ -36,48 +35,41 @@ from keras import ops
 from keras_transformer.layers.attention import MultiHeadAttention
 
 
-def write_cache(cache, keys_values, cache_index):
-    """Write new keys/values `(batch, new, 2, heads, head_dim)` at `cache_index`.
+def write_cache(cache, new_keys_values, cache_index):
+    """Write a step's `(keys, values)`, each `(batch, heads, new, head_dim)`, into `cache` at `cache_index`.
 
-    The new positions come in the layout their projection produces (one
-    matmul with [W^K W^V], see `_project_new_keys_values`): no transpose into
-    the cache's `(2, batch, heads, length, head_dim)` is needed, because a
-    scatter takes every slot's place from its index. XLA (JAX's jit, or
-    TensorFlow's `jit_compile`) writes a scatter into the cache in place, and
-    compiles it with the positions as data, not shapes. The slots go as a
-    list of `(part, row, head, position)` indices, one per update row,
-    listed in the new values' own order: the form every backend's scatter
-    reads alike. TensorFlow without XLA writes differently:
-    `_write_cache_in_place`, and so does a graph traced for LiteRT
+    XLA (JAX's jit, or TensorFlow's `jit_compile`) writes a scatter into the
+    cache in place, and compiles it with the positions as data, not shapes
+    (`_write_as_scatter`). TensorFlow without XLA writes differently:
+    `_write_in_place`, and so does a graph traced for LiteRT
     (`cache_writes_for_litert`).
     """
     if keras.backend.backend() == "tensorflow" and _WRITES_FOR_LITERT.get():
-        return _write_cache_as_dynamic_update_slice(cache, keys_values, cache_index)
-    if keras.backend.backend() == "tensorflow" and not _compiling_with_xla():
-        return _write_cache_in_place(cache, keys_values, cache_index)
-    rows, new_length, parts, heads = (ops.shape(keys_values)[axis] for axis in range(4))
-    # An "ij" grid walks the update rows in their own order: row, position, part, head.
-    row_of, position_of, part_of, head_of = ops.meshgrid(
-        ops.arange(rows), ops.arange(new_length) + cache_index, ops.arange(parts), ops.arange(heads), indexing="ij"
-    )
-    slots = ops.reshape(ops.stack([part_of, row_of, head_of, position_of], axis=-1), (-1, 4))
-    return ops.scatter_update(cache, slots, ops.reshape(keys_values, (-1, ops.shape(keys_values)[4])))
+        write = _write_as_dynamic_update_slice
+    elif keras.backend.backend() == "tensorflow" and not _compiling_with_xla():
+        write = _write_in_place
+    else:
+        write = _write_as_scatter
+    return tuple(write(cached, new, cache_index) for cached, new in zip(cache, new_keys_values))
 
 
-def keys_and_values(cache):
-    """A cache's `(keys, values)`: its two halves on the leading axis (or the pair itself, for a fixed context).
+def _write_as_scatter(cached, new, cache_index):
+    """One cache tensor `(batch, heads, length, head_dim)` with `new` `(batch, heads, new, head_dim)` scattered in.
 
-    Unstacked rather than indexed: TensorFlow and PyTorch return either as a
-    view, but LiteRT copies an indexed half element by element where the
-    batch is known only at run time (about 60 ms a step at batch 32 on
-    OPUS-MT-base's six layers), and an unstacked one block by block.
+    The slots go as a list of `(row, head, position)` indices, one per
+    update row, listed in the new values' own order: the form every
+    backend's scatter reads alike.
     """
-    if isinstance(cache, (tuple, list)):
-        return cache
-    return ops.unstack(cache, 2, axis=0)
+    rows, heads, new_length = (ops.shape(new)[axis] for axis in range(3))
+    # An "ij" grid walks the update rows in their own order: row, head, position.
+    row_of, head_of, position_of = ops.meshgrid(
+        ops.arange(rows), ops.arange(heads), ops.arange(new_length) + cache_index, indexing="ij"
+    )
+    slots = ops.reshape(ops.stack([row_of, head_of, position_of], axis=-1), (-1, 3))
+    return ops.scatter_update(cached, slots, ops.reshape(new, (-1, ops.shape(new)[3])))
 
 
-def _write_cache_in_place(cache, keys_values, cache_index):
+def _write_in_place(cached, new, cache_index):
     """`write_cache` for TensorFlow without XLA: one slice update, in place where nothing else holds the cache.
 
     TensorFlow's scatter (`TensorScatterUpdate`) copies its whole input
@@ -85,29 +77,27 @@ def _write_cache_in_place(cache, keys_values, cache_index):
     at every decoding step. Its strided-slice update writes into its input
     whenever it holds the only reference, as a decoding step's cache inside
     a `tf.function` does (eagerly the caller still holds it, and it is
-    copied as before). The new positions are transposed into the cache's
-    order first: a copy of their own size, not of the cache's. XLA
-    compiles that op only for slice bounds known when compiling, and
+    copied as before). XLA compiles that op only for slice bounds known when compiling, and
     `cache_index` is data, so under XLA the scatter stays.
     """
     import tensorflow as tf
 
-    parts, rows, heads, length, head_dim = tf.unstack(tf.shape(cache))
-    new_length = tf.shape(keys_values)[1]
+    rows, heads, length, head_dim = tf.unstack(tf.shape(cached))
+    new_length = tf.shape(new)[2]
     cache_index = tf.cast(cache_index, head_dim.dtype)
-    # Seen as one line of length * head_dim values per (part, row, head), the
+    # Seen as one line of length * head_dim values per (row, head), the
     # new positions are one block of columns: a two-axis slice, the cheapest
     # for TensorFlow's slice kernel to address.
-    lines = parts * rows * heads
-    new_columns = tf.reshape(tf.transpose(keys_values, (2, 0, 3, 1, 4)), tf.stack([lines, new_length * head_dim]))
+    lines = rows * heads
+    new_columns = tf.reshape(new, tf.stack([lines, new_length * head_dim]))
     written = tf.raw_ops.TensorStridedSliceUpdate(
-        input=tf.reshape(cache, tf.stack([lines, length * head_dim])),
+        input=tf.reshape(cached, tf.stack([lines, length * head_dim])),
         begin=tf.stack([0, cache_index * head_dim]),
         end=tf.stack([lines, (cache_index + new_length) * head_dim]),
         strides=[1, 1],
         value=new_columns,
     )
-    return tf.reshape(written, tf.shape(cache))
+    return tf.reshape(written, tf.shape(cached))
 
 
 # Set while a graph is traced for LiteRT (`cache_writes_for_litert`).
@@ -131,15 +121,14 @@ def cache_writes_for_litert():
         _WRITES_FOR_LITERT.reset(token)
 
 
-def _write_cache_as_dynamic_update_slice(cache, keys_values, cache_index):
+def _write_as_dynamic_update_slice(cached, new, cache_index):
     """`write_cache` as the one op LiteRT writes a block with (see `cache_writes_for_litert`)."""
     import tensorflow as tf
     from tensorflow.compiler.tf2xla.python import xla
 
-    new_positions = tf.transpose(keys_values, (2, 0, 3, 1, 4))  # into the cache's (2, batch, heads, new, head_dim)
     origin = tf.zeros([], tf.int32)
-    corner = tf.stack([origin, origin, origin, tf.cast(cache_index, tf.int32), origin])
-    return xla.dynamic_update_slice(cache, tf.cast(new_positions, cache.dtype), corner)
+    corner = tf.stack([origin, origin, tf.cast(cache_index, tf.int32), origin])
+    return xla.dynamic_update_slice(cached, tf.cast(new, cached.dtype), corner)
 
 
 def _compiling_with_xla():
@@ -163,8 +152,9 @@ class CachedMultiHeadAttention(MultiHeadAttention):
 
     Call arguments:
         As for `MultiHeadAttention`, plus:
-        cache: a cache tensor, `(2, batch, heads, length, head_dim)`, or a
-            `(keys, values)` pair for a fixed context.
+        cache: a `(keys, values)` pair, each `(batch, heads, length,
+            head_dim)`: a self-attention cache (`empty_cache`) or a fixed
+            context (`compute_cache`).
         cache_index: with `cache`, the number of cached positions: `query`
             holds the positions that follow (self-attention; `value` and
             `key` are not given). Without it the cache is a fixed context.
@@ -206,7 +196,7 @@ class CachedMultiHeadAttention(MultiHeadAttention):
         queries = self._project_step_queries(query)
         if cache_index is None:
             # Cross-attention on a precomputed context: nothing more to project.
-            keys, values = keys_and_values(cache)
+            keys, values = cache
             key_padding = key_mask if key_mask is not None else value_mask
             mask, gaussian = self._mask(
                 query, ops.shape(queries)[2], ops.shape(keys)[2], query_mask, key_padding, attention_mask,
@@ -221,7 +211,7 @@ class CachedMultiHeadAttention(MultiHeadAttention):
                     "predictive local attention is for a fixed context (cross-attention), not a decoding cache"
                 )
             cache = write_cache(cache, self._project_new_keys_values(query), cache_index)
-            keys, values = keys_and_values(cache)
+            keys, values = cache
             # Unfilled slots follow the last query: a causal mask hides them already.
             valid_key_length = None if use_causal_mask else cache_index + ops.shape(query)[1]
             # The cache's own slots stand for the keys; decoding produces no padding.
@@ -239,27 +229,26 @@ class CachedMultiHeadAttention(MultiHeadAttention):
         return queries * ops.cast(self._query_scale(), self.compute_dtype)
 
     def _project_new_keys_values(self, inputs):
-        """A decoding step's K and V from one matmul with [W^K W^V]: `(batch, new, 2, heads, head_dim)`.
+        """A decoding step's `(keys, values)`, each `(batch, heads, new, head_dim)`, from one matmul with [W^K W^V].
 
-        Left in the matmul's own layout, which the cache's scatter reads as
-        it is (`write_cache`): taking K and V apart here would copy them,
-        and slicing the kernel would copy it.
+        One matmul, not two: slicing the kernel would copy it. The product
+        is put in the cache's layout and its two halves taken apart after
+        it: one transpose of the new positions, not of the cache.
         """
         width = 2 * self.num_heads * self.head_dim
         projected = ops.matmul(inputs, ops.reshape(self._weight(self.key_value_kernel), (-1, width)))
         if self.use_bias:
             projected = ops.add(projected, ops.reshape(self._weight(self.key_value_bias), (width,)))
-        return ops.reshape(projected, (-1, ops.shape(inputs)[1], 2, self.num_heads, self.head_dim))
+        projected = ops.reshape(projected, (-1, ops.shape(inputs)[1], 2, self.num_heads, self.head_dim))
+        return tuple(ops.unstack(ops.transpose(projected, (2, 0, 3, 1, 4)), 2, axis=0))
 
     def compute_cache(self, value, key=None):
-        """Project a fixed context once: the cross-attention cache."""
+        """Project a fixed context once: the cross-attention cache, `(keys, values)`."""
         value = ops.cast(value, self.compute_dtype)
         key = None if key is None else ops.cast(key, self.compute_dtype)
-        return ops.stack(self._project_keys_values(value, key), axis=0)
+        return tuple(self._project_keys_values(value, key))
 
     def empty_cache(self, batch_size, max_length, dtype=None):
-        """A zero self-attention cache for `max_length` positions."""
-        return ops.zeros(
-            (2, batch_size, self.num_heads, max_length, self.head_dim),
-            dtype=dtype or self.compute_dtype,
-        )
+        """A zero self-attention cache for `max_length` positions: `(keys, values)`."""
+        shape = (batch_size, self.num_heads, max_length, self.head_dim)
+        return tuple(ops.zeros(shape, dtype=dtype or self.compute_dtype) for _ in range(2))

@@ -12,14 +12,13 @@ them:
 
 **Incremental decoding.** `Decoder.build_cache` returns one dict per layer,
 
-    {"self_attention":  (2, batch, heads, max_length, head_dim)   zeros,
-     "cross_attention": (2, batch, heads, source_length, head_dim)}  (if any)
+    {"self_attention":  (keys, values), each (batch, heads, max_length, head_dim), zeros,
+     "cross_attention": (keys, values), each (batch, heads, source_length, head_dim)}  (if any)
 
 and `Decoder.decode_step(new_ids, cache, cache_index=t)` runs only the new
 positions t, t+1, ..., returning `(outputs, updated_cache)` (the cache
-tensors: `layers.cached_attention`). A cross-attention cache may also be a
-`(keys, values)` pair, each `(batch, heads, source_length, head_dim)`:
-sentences on axis 0, as decoding's context keeps them.
+tensors: `layers.cached_attention`). Every cache tensor holds its rows on
+axis 0, as the searches expect.
 
 **Beams share their source.** A beam search decodes several rows per
 source sentence (its beams), which all attend to the same source. With
