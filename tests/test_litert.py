@@ -1,5 +1,6 @@
 """On-device exports: a run as one LiteRT file, run by the LiteRT interpreter as it is, with no TensorFlow op in it."""
 
+import itertools
 import json
 import subprocess
 import sys
@@ -73,6 +74,28 @@ def test_quantized_files_are_smaller_and_translate(litert_exports):
         assert model.settings["quantization"] == name
         translated = model.translate(SENTENCES[:20])
         assert all(translated) and sum(a == b for a, b in zip(translated, reference)) >= 12, (name, translated)
+    # The tied embedding table is looked up and multiplied by: the int8 file holds it once, per row.
+    copies = int8_weights((exports / "int8" / litert.MODEL_FILE).read_bytes())
+    for (shape, first), (other_shape, second) in itertools.combinations(copies, 2):
+        assert shape != other_shape or np.abs(first - second).max() > 0.1 * np.abs(first).max(), f"two copies of {shape}"
+
+
+def int8_weights(content):
+    """`[(shape, dequantized values)]` of every int8 weight buffer of a LiteRT file, each buffer once."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    model = schema.Model.GetRootAs(content, 0)
+    found = {}
+    for index in range(model.SubgraphsLength()):
+        subgraph = model.Subgraphs(index)
+        for number in range(subgraph.TensorsLength()):
+            tensor = subgraph.Tensors(number)
+            data = model.Buffers(tensor.Buffer()).DataAsNumpy()
+            if tensor.Type() == schema.TensorType.INT8 and not isinstance(data, int) and tensor.ShapeLength() == 2:
+                shape = tuple(tensor.ShapeAsNumpy())
+                scale = tensor.Quantization().ScaleAsNumpy().reshape(-1, 1)
+                found[tensor.Buffer()] = (shape, data.view(np.int8).reshape(shape) * scale)
+    return list(found.values())
 
 
 def test_the_files_hold_builtin_operators_and_tensorflow_texts_only(litert_exports):

@@ -30,8 +30,8 @@ What changes on the way from the SavedModel (`export.translator`):
 - `quantization`: None (float32), "float16" (weights stored in half
   precision), or "int8" (dynamic-range: every weight matrix, embeddings and
   output projection included, in int8 with a scale per channel; no
-  calibration data). The model computes in float32 whatever precision it
-  was trained in.
+  calibration data; a tied table stored once, `one_copy_of_each_table`).
+  The model computes in float32 whatever precision it was trained in.
 
 Three kinds of run, three services: `LiteRTTranslation` (`text` ->
 `translation`, `score`), `LiteRTClassification` (`text` -> `label`,
@@ -454,7 +454,61 @@ def convert(service, quantization=None):
             converter.target_spec.supported_types = [tf.float16]
         model = converter.convert()
     check_operators(model)
-    return model
+    return one_copy_of_each_table(model) if quantization == "int8" else model
+
+
+def one_copy_of_each_table(model):
+    """The int8 file (bytes) with each weight table stored once: lookups read the output projection's copy.
+
+    Dynamic-range quantization quantizes a table that is both looked up and
+    multiplied by (tied embeddings: the lookups of both embeddings and the
+    output projection) twice: for the lookups with one scale for the
+    whole table, dequantized when the file runs (`DEQUANTIZE`), and for the
+    projection with a scale per row. Here each such `DEQUANTIZE` reads the
+    per-row copy instead, when one holds the same weight (equal to within
+    one step of the coarser copy's scale, everywhere), and the other copy
+    goes: a third smaller file at OPUS-MT-base's size, and embeddings
+    quantized row by row, more finely than before.
+    """
+    import flatbuffers
+    import numpy as np
+    from ai_edge_litert import schema_py_generated as schema
+
+    flatbuffer = schema.ModelT.InitFromObj(schema.Model.GetRootAs(model, 0))
+    buffers = flatbuffer.buffers
+
+    def scales(tensor):
+        quantization = tensor.quantization
+        has_data = buffers[tensor.buffer].data is not None and len(buffers[tensor.buffer].data) > 0
+        if tensor.type != schema.TensorType.INT8 or quantization is None or quantization.scale is None or not has_data:
+            return None
+        return np.asarray(quantization.scale, np.float32)
+
+    def dequantized(tensor):
+        values = np.frombuffer(bytes(buffers[tensor.buffer].data), np.int8).reshape(tensor.shape)
+        per_row = scales(tensor).reshape([-1] + [1] * (values.ndim - 1))  # one scale, or one a row
+        return values * per_row
+
+    per_row = [tensor for subgraph in flatbuffer.subgraphs for tensor in subgraph.tensors
+               if scales(tensor) is not None and scales(tensor).size > 1 and tensor.quantization.quantizedDimension == 0]
+    dequantize = [index for index, code in enumerate(flatbuffer.operatorCodes)
+                  if max(code.builtinCode, code.deprecatedBuiltinCode) == schema.BuiltinOperator.DEQUANTIZE]
+    for subgraph in flatbuffer.subgraphs:
+        for operator in subgraph.operators:
+            table = subgraph.tensors[operator.inputs[0]]
+            if operator.opcodeIndex not in dequantize or scales(table) is None or scales(table).size != 1:
+                continue
+            for twin in (twin for twin in per_row if list(twin.shape) == list(table.shape)):
+                if np.abs(dequantized(twin) - dequantized(table)).max() <= scales(table)[0] * (1 + 1e-4):
+                    table.buffer, table.quantization = twin.buffer, twin.quantization
+                    break
+    pointed_at = {tensor.buffer for subgraph in flatbuffer.subgraphs for tensor in subgraph.tensors}
+    for number, buffer in enumerate(buffers):
+        if number not in pointed_at:
+            buffer.data = None
+    builder = flatbuffers.Builder(1024)
+    builder.Finish(flatbuffer.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())
 
 
 def operators(model):
