@@ -93,7 +93,8 @@ def int8_weights(content):
             data = model.Buffers(tensor.Buffer()).DataAsNumpy()
             if tensor.Type() == schema.TensorType.INT8 and not isinstance(data, int) and tensor.ShapeLength() == 2:
                 shape = tuple(tensor.ShapeAsNumpy())
-                scale = tensor.Quantization().ScaleAsNumpy().reshape(-1, 1)
+                scale = tensor.Quantization().ScaleAsNumpy()
+                scale = scale.reshape(-1, 1) if tensor.Quantization().QuantizedDimension() == 0 else scale.reshape(1, -1)
                 found[tensor.Buffer()] = (shape, data.view(np.int8).reshape(shape) * scale)
     return list(found.values())
 

@@ -28,10 +28,12 @@ What changes on the way from the SavedModel (`export.translator`):
   with `java.text.Normalizer`) and repairing invalid UTF-8 (the tokenizer
   reads a malformed byte as an unknown word).
 - `quantization`: None (float32), "float16" (weights stored in half
-  precision), or "int8" (dynamic-range: every weight matrix, embeddings and
-  output projection included, in int8 with a scale per channel; no
-  calibration data; a tied table stored once, `one_copy_of_each_table`).
-  The model computes in float32 whatever precision it was trained in.
+  precision), or "int8" (dynamic-range, no calibration data: every weight
+  matrix in int8 with a scale per channel, embeddings and output
+  projection included; an embedding table looked up only, with one scale
+  for the whole table; a tied one stored once, with a scale per row,
+  `one_copy_of_each_table`). The model computes in float32 whatever
+  precision it was trained in.
 
 Three kinds of run, three services: `LiteRTTranslation` (`text` ->
 `translation`, `score`), `LiteRTClassification` (`text` -> `label`,
@@ -39,6 +41,7 @@ Three kinds of run, three services: `LiteRTTranslation` (`text` ->
 `continuation`, `new_tokens`; and `generate` with sampling settings).
 """
 
+import collections
 import logging
 import os
 import tempfile
@@ -458,24 +461,30 @@ def convert(service, quantization=None):
 
 
 def one_copy_of_each_table(model):
-    """The int8 file (bytes) with each weight table stored once: lookups read the output projection's copy.
+    """The int8 file (bytes) with a tied embedding table stored once, row by row.
 
-    Dynamic-range quantization quantizes a table that is both looked up and
-    multiplied by (tied embeddings: the lookups of both embeddings and the
-    output projection) twice: for the lookups with one scale for the
-    whole table, dequantized when the file runs (`DEQUANTIZE`), and for the
-    projection with a scale per row. Here each such `DEQUANTIZE` reads the
-    per-row copy instead, when one holds the same weight (equal to within
-    one step of the coarser copy's scale, everywhere), and the other copy
-    goes: a third smaller file at OPUS-MT-base's size, and embeddings
-    quantized row by row, more finely than before.
+    With tied embeddings one table is both looked up (the embeddings) and
+    multiplied by (the output projection), and dynamic-range quantization
+    makes two int8 copies of it: one with a single scale for the whole
+    table, which a `DEQUANTIZE` turns back into floats for the lookups, and
+    one with a scale per row for the projection. Here each such `DEQUANTIZE`
+    reads the per-row copy instead, where one holds the same weight (equal
+    to within one step of the coarser copy's scale, everywhere) and the
+    `DEQUANTIZE` is the only reader of its own, and the other copy goes: a
+    quarter smaller file at OPUS-MT-base's size, and lookups quantized row by
+    row, more finely than before. A file whose weights lie outside its
+    flatbuffer (over 2 GB) is returned as it is.
     """
+    import copy
+
     import flatbuffers
     import numpy as np
     from ai_edge_litert import schema_py_generated as schema
 
     flatbuffer = schema.ModelT.InitFromObj(schema.Model.GetRootAs(model, 0))
     buffers = flatbuffer.buffers
+    if any(buffer.offset > 1 for buffer in buffers):
+        return model
 
     def scales(tensor):
         quantization = tensor.quantization
@@ -486,23 +495,31 @@ def one_copy_of_each_table(model):
 
     def dequantized(tensor):
         values = np.frombuffer(bytes(buffers[tensor.buffer].data), np.int8).reshape(tensor.shape)
-        per_row = scales(tensor).reshape([-1] + [1] * (values.ndim - 1))  # one scale, or one a row
-        return values * per_row
+        return values * scales(tensor).reshape([-1] + [1] * (values.ndim - 1))  # one scale, or one a row
 
     per_row = [tensor for subgraph in flatbuffer.subgraphs for tensor in subgraph.tensors
                if scales(tensor) is not None and scales(tensor).size > 1 and tensor.quantization.quantizedDimension == 0]
     dequantize = [index for index, code in enumerate(flatbuffer.operatorCodes)
                   if max(code.builtinCode, code.deprecatedBuiltinCode) == schema.BuiltinOperator.DEQUANTIZE]
     for subgraph in flatbuffer.subgraphs:
+        readers = collections.Counter(int(index) for operator in subgraph.operators for index in operator.inputs)
+        readers.update(int(index) for index in (subgraph.outputs if subgraph.outputs is not None else []))
         for operator in subgraph.operators:
             table = subgraph.tensors[operator.inputs[0]]
-            if operator.opcodeIndex not in dequantize or scales(table) is None or scales(table).size != 1:
+            if (operator.opcodeIndex not in dequantize or readers[int(operator.inputs[0])] != 1
+                    or scales(table) is None or scales(table).size != 1):
                 continue
             for twin in (twin for twin in per_row if list(twin.shape) == list(table.shape)):
                 if np.abs(dequantized(twin) - dequantized(table)).max() <= scales(table)[0] * (1 + 1e-4):
-                    table.buffer, table.quantization = twin.buffer, twin.quantization
+                    table.buffer, table.quantization = twin.buffer, copy.deepcopy(twin.quantization)
+                    # A DEQUANTIZE of per-channel input is the operator's version 5 (LiteRT's op_version).
+                    code = flatbuffer.operatorCodes[operator.opcodeIndex]
+                    code.version = max(code.version, 5)
                     break
+    # The buffers still in use: the tensors', and the converter's metadata (its runtime version, its options).
     pointed_at = {tensor.buffer for subgraph in flatbuffer.subgraphs for tensor in subgraph.tensors}
+    pointed_at.update(entry.buffer for entry in flatbuffer.metadata or [])
+    pointed_at.update(int(number) for number in (flatbuffer.metadataBuffer if flatbuffer.metadataBuffer is not None else []))
     for number, buffer in enumerate(buffers):
         if number not in pointed_at:
             buffer.data = None
