@@ -74,10 +74,28 @@ def test_quantized_files_are_smaller_and_translate(litert_exports):
         assert model.settings["quantization"] == name
         translated = model.translate(SENTENCES[:20])
         assert all(translated) and sum(a == b for a, b in zip(translated, reference)) >= 12, (name, translated)
-    # The tied embedding table is looked up and multiplied by: the int8 file holds it once, per row.
-    copies = int8_weights((exports / "int8" / litert.MODEL_FILE).read_bytes())
+
+
+def test_a_shared_tied_table_is_stored_once_in_the_int8_file(tmp_path):
+    # The published fixture run shares one vocabulary and ties the output projection to it: the table
+    # is looked up (both embeddings) and multiplied by, and the converter quantizes it twice.
+    from test_publish import PUBLISHED
+
+    out = tmp_path / "int8"
+    translation.export_litert(str(PUBLISHED / "run"), str(out), quantization="int8")
+    content = (out / litert.MODEL_FILE).read_bytes()
+    copies = int8_weights(content)
     for (shape, first), (other_shape, second) in itertools.combinations(copies, 2):
         assert shape != other_shape or np.abs(first - second).max() > 0.1 * np.abs(first).max(), f"two copies of {shape}"
+    # The converter's metadata survives the rewrite (the runtime version a loader checks).
+    from ai_edge_litert import schema_py_generated as schema
+
+    model = schema.Model.GetRootAs(content, 0)
+    metadata = {model.Metadata(index).Name().decode(): model.Buffers(model.Metadata(index).Buffer()).DataLength()
+                for index in range(model.MetadataLength())}
+    assert metadata.get("min_runtime_version", 0) > 0, metadata
+    translated = LiteRTModel(out).translate(["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Park."])
+    assert all(isinstance(text, str) for text in translated)
 
 
 def int8_weights(content):

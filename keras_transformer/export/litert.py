@@ -472,8 +472,11 @@ def one_copy_of_each_table(model):
     to within one step of the coarser copy's scale, everywhere) and the
     `DEQUANTIZE` is the only reader of its own, and the other copy goes: a
     quarter smaller file at OPUS-MT-base's size, and lookups quantized row by
-    row, more finely than before. A file whose weights lie outside its
-    flatbuffer (over 2 GB) is returned as it is.
+    row, more finely than before. A table read by an int8 `GATHER` instead
+    (looked up in the decoding loop alone: a target vocabulary of its own)
+    keeps both copies: a gather's output carries the one scale of its
+    input, so it cannot read the per-row copy. A file whose weights lie
+    outside its flatbuffer (over 2 GB) is returned as it is.
     """
     import copy
 

@@ -77,8 +77,9 @@ def _write_in_place(cached, new, cache_index):
     at every decoding step. Its strided-slice update writes into its input
     whenever it holds the only reference, as a decoding step's cache inside
     a `tf.function` does (eagerly the caller still holds it, and it is
-    copied as before). XLA compiles that op only for slice bounds known when compiling, and
-    `cache_index` is data, so under XLA the scatter stays.
+    copied as before). XLA compiles that op only for slice bounds known
+    when compiling, and `cache_index` is data, so under XLA the scatter
+    stays.
     """
     import tensorflow as tf
 
