@@ -79,14 +79,12 @@ def our_decoder(model, start_id, end_id, beam_size, length_alpha, max_extra_leng
     """Token ids in, ids out (up to [END]), through our cached search in one `tf.function`."""
     import tensorflow as tf
 
+    from keras_transformer.inference import DecodingSettings, LengthPenalty
     from keras_transformer.inference.steps import transformer_search
 
-    search = tf.function(
-        lambda source: transformer_search(
-            model, source, start_id, end_id, beam_size=beam_size, length_alpha=length_alpha,
-            max_extra_length=max_extra_length, max_output_length=model.max_length,
-        )[0]
-    )
+    settings = DecodingSettings(beam_size, LengthPenalty(length_alpha), max_extra_length=max_extra_length,
+                                max_output_length=model.max_length).for_output(start_id, end_id)
+    search = tf.function(lambda source: transformer_search(model, source, settings)[0])
     return lambda batch: _trim(search(tf.constant(batch)).numpy(), end_id)
 
 
@@ -178,7 +176,7 @@ def main():
     timed = batches[: -(-arguments.sentences // arguments.batch_size)]
     model32 = float32_copy(translator.model)
     start_id, end_id = target_tokenizer.start_id, target_tokenizer.end_id
-    alpha, extra = translator.length_alpha, translator.max_extra_length
+    alpha, extra = translator.settings.length_penalty.alpha, translator.settings.max_extra_length
 
     with tempfile.TemporaryDirectory() as work:
         converted = os.path.join(work, "ct2")

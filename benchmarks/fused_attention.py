@@ -76,12 +76,13 @@ def training_step(model, config):
 def decoding_step(model, config, sentences=32):
     import tensorflow as tf
 
-    from keras_transformer.inference import transformer_search
+    from keras_transformer.inference import DecodingSettings, transformer_search
 
     (source, _), _ = next(batches(config, 1, seed=1))
     source = tf.constant(source[:sentences])
-    search = tf.function(lambda ids: transformer_search(model, ids, 1, 2, max_extra_length=0,
-                                                        max_output_length=config["target_length"]))
+    settings = DecodingSettings(beam_size=1, max_extra_length=0,
+                                max_output_length=config["target_length"]).for_output(start_id=1, end_id=2)
+    search = tf.function(lambda ids: transformer_search(model, ids, settings))
     return lambda: search(source)[0].numpy()
 
 

@@ -59,10 +59,7 @@ def main():
         finally:
             keras.config.set_dtype_policy(policy)
         model.set_weights(float32.model.get_weights())
-        settings = ("beam_size", "length_alpha", "max_extra_length", "max_output_length", "rules",
-                    "length_penalty_kind", "stop_when_beam_full", "keep_greedy")
-        bfloat16 = inference.Translator(model, source_tokenizer, target_tokenizer,
-                                        **{name: getattr(float32, name) for name in settings})
+        bfloat16 = inference.Translator(model, source_tokenizer, target_tokenizer, float32.settings)
 
         def timed(translator):
             started = time.perf_counter()

@@ -164,15 +164,18 @@ def _our_decoder(args, config):
     import tensorflow as tf
 
     from contenders import build_keras_model
+    from keras_transformer.inference import DecodingSettings
     from keras_transformer.inference.steps import transformer_search
 
     model = build_keras_model("keras_transformer", config)
     # [END] is an id the model never produces, so every sentence runs the full NEW_TOKENS steps.
-    settings = dict(
-        start_id=1, end_id=-1, max_extra_length=NEW_TOKENS, max_output_length=NEW_TOKENS, use_cache=not args.no_cache,
-        beam_size=1 if args.search == "greedy" else args.beam_size, static_shapes=args.jit,  # XLA: fixed shapes
-    )
-    return tf.function(lambda source: transformer_search(model, source, **settings)[0], jit_compile=args.jit)
+    settings = DecodingSettings(
+        beam_size=1 if args.search == "greedy" else args.beam_size, max_extra_length=NEW_TOKENS,
+        max_output_length=NEW_TOKENS,
+    ).for_output(start_id=1, end_id=-1)
+    return tf.function(lambda source: transformer_search(
+        model, source, settings, use_cache=not args.no_cache, static_shapes=args.jit,  # XLA: fixed shapes
+    )[0], jit_compile=args.jit)
 
 
 def _keras_hub_decoder(args, config):

@@ -32,7 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer.evaluation import translation_scores
-from keras_transformer.inference import Generator, Translator
+from keras_transformer.inference import DecodingSettings, Generator, Translator
 from keras_transformer.models.attention_maps import (
     CLS_ROW,
     CLS_ROW_SIDES,
@@ -124,7 +124,8 @@ class AttentionMapLogger(keras.callbacks.Callback):
     def _ensure_ready(self):
         if self._translator is None:
             # Greedy: it is what the model "thinks" now, and it is cheap.
-            self._translator = Translator(self.model, self.source_tokenizer, self.target_tokenizer, beam_size=1)
+            self._translator = Translator(self.model, self.source_tokenizer, self.target_tokenizer,
+                                          DecodingSettings(beam_size=1))
             self._writer = tf.summary.create_file_writer(self.log_dir)
 
     def on_epoch_end(self, epoch, logs=None):

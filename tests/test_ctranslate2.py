@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer.export.ctranslate2 import CTranslate2Translator, export_ctranslate2, model_spec
-from keras_transformer.inference import Translator
+from keras_transformer.inference import DecodingSettings, Translator
 from keras_transformer.models import Transformer
 from keras_transformer.text import WordPieceTokenizer
 
@@ -44,7 +44,7 @@ def tiny_translator(source_words, target_words, seed=3, **architecture):
     bias = np.random.default_rng(seed).normal(0, 1, target.vocab_size).astype("float32")
     bias[:3] = -20.0
     (model.output_bias if model.tie_output else model.output_projection.bias).assign(bias)
-    return Translator(model, source, target, beam_size=1, max_extra_length=6)
+    return Translator(model, source, target, DecodingSettings(beam_size=1, max_extra_length=6))
 
 
 def sentences(count, seed=1):

@@ -171,7 +171,7 @@ def test_beam_search_matches_hugging_face_or_finds_a_better_scoring_translation(
     """Beam search stops as HF's does (its heuristic, no greedy path beside the beams): the same words, or a better score."""
     name, (model, _, target_tokenizer, _) = imported
     translator, want, tokens, outputs = _translate(name)
-    assert translator.beam_size == 4  # generation_config.json's num_beams
+    assert translator.settings.beam_size == 4  # generation_config.json's num_beams
     same = [ours_ == hf for ours_, hf in zip(tokens[:-1], want["beam4"]["ids"][:-1])]
     assert sum(same) >= 0.97 * len(same), f"{sum(same)} of {len(same)} the same"
     hf_scores = np.array(want["beam4"]["scores"])
@@ -181,10 +181,10 @@ def test_beam_search_matches_hugging_face_or_finds_a_better_scoring_translation(
     # Where they differ, HF's hypothesis scored by our model (teacher-forced) is no better than ours.
     source_ids = translator.source_ids(tf.constant(want["sources"]))
     hf_tokens = tf.ragged.constant([ours(row) for row in want["beam4"]["ids"]]).to_tensor()
-    rescored = score_sequences(model, source_ids, hf_tokens, target_tokenizer.start_id, length_alpha=1.0,
-                               length_penalty_kind="hf").numpy()
-    limit = translator.max_output_length  # there HF forces </s>, which teacher forcing does not
-    forced_first = translator.rules.forced_first is not None  # the same: a forced language token
+    rescored = score_sequences(model, source_ids, hf_tokens, target_tokenizer.start_id,
+                               translator.settings.length_penalty).numpy()
+    limit = translator.settings.max_output_length  # there HF forces </s>, which teacher forcing does not
+    forced_first = translator.settings.token_rules.forced_first is not None  # the same: a forced language token
     for index, is_same in enumerate(same):
         if not is_same:
             assert ours_scores[index] >= hf_scores[index] - 1e-5, (index, ours_scores[index], hf_scores[index])
@@ -377,8 +377,7 @@ def test_one_multilingual_translator_translates_each_text_between_its_own_langua
     texts = want["sources"][:6]
     languages = [pairs[index % len(pairs)] for index in range(len(texts))]
     model, source_tokenizer, target_tokenizer, decoding = pretrained.load(str(FIXTURES / name))
-    arguments = {**pretrained.translator_arguments(decoding), "beam_size": beam_size}
-    translator = Translator(model, source_tokenizer, target_tokenizer, **arguments)
+    translator = Translator(model, source_tokenizer, target_tokenizer, decoding.replace(beam_size=beam_size))
     mixed = translator.translate_between(tf.constant(texts), tf.constant([source for source, _ in languages]),
                                          tf.constant([target for _, target in languages]))
     own_pair, other_pair = pairs
@@ -390,8 +389,8 @@ def test_one_multilingual_translator_translates_each_text_between_its_own_langua
     # The other pair: the translator a run imported for it has its tokenizers and its forced first token.
     other = [row for row, languages_of_text in enumerate(languages) if languages_of_text == other_pair]
     _, pair_source, pair_target, pair_decoding = pretrained.load(str(FIXTURES / name), *other_pair)
-    pair_arguments = {**pretrained.translator_arguments(pair_decoding), "beam_size": beam_size}
-    alone = Translator(model, pair_source, pair_target, **pair_arguments)(tf.constant([texts[row] for row in other]))
+    alone = Translator(model, pair_source, pair_target, pair_decoding.replace(beam_size=beam_size))(
+        tf.constant([texts[row] for row in other]))
     assert [row for row in mixed["translation"].numpy()[other]] == list(alone["translation"].numpy())
     assert [theirs(row) for row in mixed["tokens"].numpy()[other]] == [theirs(row) for row in alone["tokens"]]
     np.testing.assert_allclose(mixed["score"].numpy()[other], alone["score"].numpy(), atol=1e-5)
@@ -400,7 +399,7 @@ def test_one_multilingual_translator_translates_each_text_between_its_own_langua
 
 def test_a_language_the_model_lacks_or_a_code_count_unlike_the_texts_is_refused(imported):
     name, (model, source_tokenizer, target_tokenizer, decoding) = imported
-    translator = Translator(model, source_tokenizer, target_tokenizer, **pretrained.translator_arguments(decoding))
+    translator = Translator(model, source_tokenizer, target_tokenizer, decoding)
     if name not in LANGUAGE_PAIRS:  # Marian: one pair, or >>xx<< codes in the text itself
         assert translator.languages == []
         with pytest.raises(ValueError, match="name no languages"):
@@ -476,7 +475,9 @@ def test_fine_tuning_an_imported_run_trains_its_weights_with_its_tokenizers(impo
         assert (out / "vocab" / side / "sentencepiece.model").read_bytes() == (
             imported_run / "vocab" / side / "sentencepiece.model").read_bytes()
     config = translation.load_config(out)
-    assert config["evaluation"]["length_penalty_kind"] == "hf" and config["model"]["position"] == "sinusoidal_halves"
+    # The checkpoint's decoding settings, inherited: Hugging Face's length penalty (|Y| ** alpha) and stopping rule.
+    assert config["evaluation"]["length_penalty_offset"] == 0 and config["evaluation"]["stop_rule"] == "best_live_is_behind"
+    assert config["model"]["position"] == "sinusoidal_halves"
     assert cli_here("translate", out, "A man.").stdout.strip()
 
 

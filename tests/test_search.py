@@ -1,6 +1,7 @@
 """Decoding: the cached search agrees with recomputation, beam search with greedy."""
 
-import functools
+import dataclasses
+
 import keras
 import numpy as np
 import pytest
@@ -8,6 +9,9 @@ import tensorflow as tf
 
 import keras_transformer as kt
 from keras_transformer.inference import (
+    DecodingSettings,
+    LengthPenalty,
+    TokenRules,
     Translator,
     beam_search,
     greedy_search,
@@ -23,6 +27,12 @@ from keras_transformer.inference.tracing import graph_function
 from keras_transformer.text import WordPieceTokenizer
 
 START, END = 2, 3
+
+
+def decoding(length_alpha=0.6, ids=(START, END), beam_size=1, **settings):
+    """`DecodingSettings` for this file's vocabularies: greedy unless asked (`length_alpha`: GNMT's penalty's)."""
+    return DecodingSettings(beam_size, LengthPenalty(length_alpha), **settings).for_output(*ids)
+
 CONFIG = dict(src_vocab_size=40, tgt_vocab_size=50, num_layers=2, d_model=32, num_heads=4, d_ff=64, max_length=30, dropout=0.0)
 
 
@@ -43,7 +53,7 @@ def model():
     # others run to their length limit: both ways of finishing get exercised.
     bias = model.output_projection.bias.numpy()
     # Traced once: each call reads the bias variable as it now is.
-    search = graph_function(lambda ids: transformer_search(model, ids, START, END, max_extra_length=3))
+    search = graph_function(lambda ids: transformer_search(model, ids, decoding(max_extra_length=3)))
     for end_bias in np.arange(0.0, 3.0, 0.05):
         bias[END] = end_bias
         model.output_projection.bias.assign(bias)
@@ -64,8 +74,8 @@ def cache_room(request, monkeypatch):
 
 def test_cached_greedy_equals_greedy_recomputing_the_prefix(model, cache_room):
     # Traced once each: the three batches have one shape.
-    cached_search = graph_function(lambda x: transformer_search(model, x, START, END, max_extra_length=6))
-    plain_search = graph_function(lambda x: transformer_search(model, x, START, END, max_extra_length=6, use_cache=False))
+    cached_search = graph_function(lambda x: transformer_search(model, x, decoding(max_extra_length=6)))
+    plain_search = graph_function(lambda x: transformer_search(model, x, decoding(max_extra_length=6), use_cache=False))
     for seed in range(3):
         ids = sources(seed)
         cached_tokens, cached_scores = cached_search(ids)
@@ -76,7 +86,7 @@ def test_cached_greedy_equals_greedy_recomputing_the_prefix(model, cache_room):
 
 def test_sentences_finish_at_different_steps_and_respect_their_limits(model):
     ids = sources(1)
-    tokens, _ = graph_function(lambda x: transformer_search(model, x, START, END, max_extra_length=3))(ids)
+    tokens, _ = graph_function(lambda x: transformer_search(model, x, decoding(max_extra_length=3)))(ids)
     tokens = tokens.numpy()
     source_lengths = (ids != 0).sum(1)
     lengths = (tokens != 0).sum(1)
@@ -90,9 +100,9 @@ def test_sentences_finish_at_different_steps_and_respect_their_limits(model):
 
 def test_batch_composition_does_not_change_a_translation(model):
     ids = sources(2)
-    batched, _ = transformer_search(model, ids, START, END, max_extra_length=6)
+    batched, _ = transformer_search(model, ids, decoding(max_extra_length=6))
     for row in range(len(ids)):
-        alone, _ = transformer_search(model, ids[row : row + 1], START, END, max_extra_length=6)
+        alone, _ = transformer_search(model, ids[row : row + 1], decoding(max_extra_length=6))
         length = alone.shape[1]
         np.testing.assert_array_equal(batched.numpy()[row, :length], alone.numpy()[0])
         assert np.all(batched.numpy()[row, length:] == 0)
@@ -102,12 +112,11 @@ def test_beam_of_one_is_greedy(model):
     ids = sources(3)
 
     def search(x, beam_search_of_one=False):
-        max_lengths = output_limits(model, x, max_extra_length=6)
+        settings = decoding(max_extra_length=6, keep_greedy=False)
+        max_lengths = output_limits(model, x, settings)
         step_fn, cache, context = transformer_step(model, x, num_steps(max_lengths))
-        settings = dict(context=context)
-        if beam_search_of_one:
-            return beam_search(step_fn, cache, START, END, max_lengths, beam_size=1, **settings)
-        return greedy_search(step_fn, cache, START, END, max_lengths, **settings)
+        search = beam_search if beam_search_of_one else greedy_search
+        return search(step_fn, cache, max_lengths, settings, context=context)
 
     greedy_tokens, greedy_scores = graph_function(search)(ids)
     beam_tokens, beam_scores = graph_function(lambda x: search(x, beam_search_of_one=True))(ids)
@@ -117,8 +126,8 @@ def test_beam_of_one_is_greedy(model):
 
 @pytest.mark.parametrize("beam_size", [2, 4])
 def test_beam_search_never_scores_worse_than_greedy(model, beam_size):
-    greedy_search_ = graph_function(lambda x: transformer_search(model, x, START, END, max_extra_length=6))
-    beam_search_ = graph_function(lambda x: transformer_search(model, x, START, END, beam_size=beam_size, max_extra_length=6))
+    greedy_search_ = graph_function(lambda x: transformer_search(model, x, decoding(max_extra_length=6)))
+    beam_search_ = graph_function(lambda x: transformer_search(model, x, decoding(beam_size=beam_size, max_extra_length=6)))
     for seed in range(3):
         ids = sources(10 + seed)
         greedy_tokens, _ = greedy_search_(ids)
@@ -132,8 +141,8 @@ def test_beam_search_never_scores_worse_than_greedy(model, beam_size):
 
 def test_cached_beam_equals_recomputed_beam(model, cache_room):
     ids = sources(4)
-    cached = graph_function(lambda x: transformer_search(model, x, START, END, beam_size=3, max_extra_length=5))(ids)
-    plain = graph_function(lambda x: transformer_search(model, x, START, END, beam_size=3, max_extra_length=5, use_cache=False))(ids)
+    cached = graph_function(lambda x: transformer_search(model, x, decoding(beam_size=3, max_extra_length=5)))(ids)
+    plain = graph_function(lambda x: transformer_search(model, x, decoding(beam_size=3, max_extra_length=5), use_cache=False))(ids)
     np.testing.assert_array_equal(cached[0].numpy(), plain[0].numpy())
     np.testing.assert_allclose(cached[1].numpy(), plain[1].numpy(), atol=1e-5)
 
@@ -146,9 +155,9 @@ def test_a_tied_output_decodes_as_recomputation_does():
     tied.build(((None, None), (None, None)))
     ids = sources(5)
     for beam_size in (1, 3):
-        settings = dict(start_id=START, end_id=END, beam_size=beam_size, max_extra_length=5)
-        cached = graph_function(lambda x: transformer_search(tied, x, **settings))(ids)
-        plain = graph_function(lambda x: transformer_search(tied, x, use_cache=False, **settings))(ids)
+        settings = decoding(beam_size=beam_size, max_extra_length=5)
+        cached = graph_function(lambda x: transformer_search(tied, x, settings))(ids)
+        plain = graph_function(lambda x: transformer_search(tied, x, settings, use_cache=False))(ids)
         np.testing.assert_array_equal(cached[0].numpy(), plain[0].numpy())
         np.testing.assert_allclose(cached[1].numpy(), plain[1].numpy(), atol=1e-5)
         teacher_forced = score_sequences(tied, ids, cached[0], START)
@@ -157,7 +166,7 @@ def test_a_tied_output_decodes_as_recomputation_does():
 
 def test_bad_beam_size(model):
     with pytest.raises(ValueError, match="beam_size must be at least 1"):
-        transformer_search(model, sources(), START, END, beam_size=0)
+        decoding(beam_size=0)
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +193,7 @@ def test_out_of_vocabulary_ids_detokenize_as_unknown(translator_parts):
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_translator_handles_empty_long_and_odd_input(translator_parts, beam_size):
     model, source, target = translator_parts
-    translator = Translator(model, source, target, beam_size=beam_size, max_extra_length=4)
+    translator = Translator(model, source, target, DecodingSettings(beam_size=beam_size, max_extra_length=4))
     long_text = " ".join(["Hund"] * 100)
     outputs = translator(tf.constant(["Ein Hund.", "", long_text, b"Der \xff Mann"]))
     translations = outputs["translation"].numpy()
@@ -199,7 +208,7 @@ def test_translator_handles_empty_long_and_odd_input(translator_parts, beam_size
 
 def test_source_truncation_keeps_the_end_token(translator_parts):
     model, source, target = translator_parts
-    translator = Translator(model, source, target, beam_size=1)
+    translator = Translator(model, source, target, DecodingSettings(beam_size=1))
     ids = translator.source_ids(tf.constant([" ".join(["Hund"] * 100), "Ein Hund."])).numpy()
     assert ids.shape[1] == model.max_length
     assert ids[0, -1] == source.end_id and ids[0, 0] == source.start_id
@@ -209,7 +218,7 @@ def test_source_truncation_keeps_the_end_token(translator_parts):
 @pytest.mark.parametrize("beam_size", [1, 2])
 def test_translate_with_attention_explains_the_translation_it_returns(translator_parts, beam_size):
     model, source, target = translator_parts
-    translator = Translator(model, source, target, beam_size=beam_size, max_extra_length=5)
+    translator = Translator(model, source, target, DecodingSettings(beam_size=beam_size, max_extra_length=5))
     texts = tf.constant(["Ein Hund und ein Hund.", "Hund!", ""])
     plain = translator(texts)
     outputs = translator.translate_with_attention(texts)
@@ -238,11 +247,11 @@ def test_translate_with_attention_explains_the_translation_it_returns(translator
 
 def test_max_output_length_caps_every_output(translator_parts):
     model, source, target = translator_parts
-    translator = Translator(model, source, target, beam_size=2, max_output_length=3)
+    translator = Translator(model, source, target, DecodingSettings(beam_size=2, max_output_length=3))
     tokens = translator(tf.constant(["Ein Hund und ein Hund und ein Hund."]))["tokens"].numpy()
     assert (tokens != 0).sum() <= 3
     with pytest.raises(ValueError, match=r"max_output_length must be between 1 and the model's max_length \(30\)"):
-        Translator(model, source, target, max_output_length=31)
+        Translator(model, source, target, DecodingSettings(max_output_length=31))
 
 
 def test_cached_search_under_mixed_bfloat16():
@@ -252,9 +261,9 @@ def test_cached_search_under_mixed_bfloat16():
     model = kt.models.Transformer(**CONFIG)
     ids = sources(5)
     for beam_size in (1, 4):
-        cached = graph_function(lambda x: transformer_search(model, x, START, END, beam_size, max_extra_length=4))(ids)
+        cached = graph_function(lambda x: transformer_search(model, x, decoding(beam_size=beam_size, max_extra_length=4)))(ids)
         plain = graph_function(
-            lambda x: transformer_search(model, x, START, END, beam_size, max_extra_length=4, use_cache=False))(ids)
+            lambda x: transformer_search(model, x, decoding(beam_size=beam_size, max_extra_length=4), use_cache=False))(ids)
         assert cached[1].dtype == tf.float32 and np.all(np.isfinite(cached[1].numpy()))
         # bfloat16 rounding differs between the two paths; most tokens agree.
         assert np.mean(cached[0].numpy() == plain[0].numpy()) > 0.8
@@ -311,13 +320,18 @@ TOY_TABLE = toy_table({
     (B, TOY_START): {TOY_END: 0.52, B: 0.479, A: 0.001},
 })
 TOY_FIRST = [PAD, B]  # each sentence's token before [START]
+
+
+def toy(**settings):
+    """`DecodingSettings` for the toy vocabulary; beam search without the greedy path unless asked."""
+    return decoding(ids=(TOY_START, TOY_END), **{"keep_greedy": False, **settings})
 TOY_MAX_LENGTHS = [2, 3]
 
 
 @pytest.mark.parametrize("length_alpha", [0.6, 2.0])
 def test_greedy_search_on_a_hand_written_step_function(length_alpha):
     search = graph_function(lambda cache: greedy_search(
-        toy_step(TOY_TABLE), cache, TOY_START, TOY_END, TOY_MAX_LENGTHS, length_alpha=length_alpha))
+        toy_step(TOY_TABLE), cache, TOY_MAX_LENGTHS, toy(length_alpha=length_alpha)))
     tokens, scores = search(toy_cache(TOY_FIRST))
     # Sentence 0 stops at its limit of 2 tokens without [END]; sentence 1 ends at once.
     np.testing.assert_array_equal(tokens.numpy(), [[A, A, 0], [TOY_END, 0, 0]])
@@ -329,7 +343,7 @@ def test_greedy_search_on_a_hand_written_step_function(length_alpha):
 def test_beam_search_on_a_hand_written_step_function(length_alpha, sentence_1):
     beams = 2
     search = graph_function(lambda cache: beam_search(
-        toy_step(TOY_TABLE), cache, TOY_START, TOY_END, TOY_MAX_LENGTHS, beam_size=beams, length_alpha=length_alpha))
+        toy_step(TOY_TABLE), cache, TOY_MAX_LENGTHS, toy(beam_size=beams, length_alpha=length_alpha)))
     tokens, scores = search(toy_cache(TOY_FIRST, beams))
     # Sentence 0: "B [END]" (0.4 * 0.9) beats greedy's "A A" (0.5 * 0.22). Sentence 1:
     # "[END]" (0.52) against "B [END]" (0.479 * 0.9): the length penalty decides.
@@ -350,8 +364,8 @@ def test_searching_on_after_the_beam_is_full_stops_where_hugging_faces_heuristic
         (TOY_START, B): {A: 0.99, TOY_END: 0.01},
         (B, A): {TOY_END: 0.99, A: 0.01},
     })
-    tokens, scores = beam_search(toy_step(table), toy_cache([PAD], 2), TOY_START, TOY_END, [5], beam_size=2,
-                                 length_alpha=1.0, length_penalty_kind="hf", stop_when_beam_full=False)
+    settings = toy(beam_size=2, stop_rule="best_live_is_behind").replace(length_penalty=LengthPenalty(1.0, offset=0))
+    tokens, scores = beam_search(toy_step(table), toy_cache([PAD], 2), [5], settings)
     np.testing.assert_array_equal(tokens.numpy()[0, :2], [A, TOY_END])
     assert not tokens.numpy()[0, 2:].any()
     assert scores.numpy()[0] == pytest.approx(np.log(0.3 * 0.9) / 2, rel=1e-5)
@@ -365,11 +379,11 @@ def test_searches_return_what_a_random_step_function_scores_them():
     table = np.random.default_rng(0).dirichlet(np.full(vocab, 0.5), size=(vocab, vocab)).astype(np.float32)
     first, max_lengths = [3, 4, 5, 6, 0], [1, 3, 4, 5, 6]
     step_fn = toy_step(table)
-    settings = dict(start_id=TOY_START, end_id=TOY_END, max_lengths=max_lengths, length_alpha=alpha)
-    greedy = graph_function(lambda cache: greedy_search(step_fn, cache, **settings))(toy_cache(first, 1))
+    greedy = graph_function(lambda cache: greedy_search(step_fn, cache, max_lengths, toy(length_alpha=alpha)))(
+        toy_cache(first, 1))
     for beams in (1, 2, 3):
-        found = graph_function(lambda cache: beam_search(step_fn, cache, beam_size=beams, **settings))(
-            toy_cache(first, beams))
+        found = graph_function(lambda cache: beam_search(
+            step_fn, cache, max_lengths, toy(beam_size=beams, length_alpha=alpha)))(toy_cache(first, beams))
         if beams == 1:
             np.testing.assert_array_equal(found[0].numpy(), greedy[0].numpy())
         for tokens, scores in (greedy, found):
@@ -390,8 +404,7 @@ def test_the_greedy_path_beside_the_beams_returns_the_better_of_both_searches(be
         never_beaten(monkeypatch)
     # In a graph, as the export runs it: traced once, each seed's table and limits its inputs.
     together_in_graph = graph_function(lambda cache, table, max_lengths: beam_search(
-        toy_step(table), cache, TOY_START, TOY_END, max_lengths, beam_size=beams, keep_greedy=True),
-        reduce_retracing=True)
+        toy_step(table), cache, max_lengths, toy(beam_size=beams, keep_greedy=True)), reduce_retracing=True)
     greedy_won = 0
     for seed in range(8):
         rng = np.random.default_rng(seed)
@@ -399,9 +412,8 @@ def test_the_greedy_path_beside_the_beams_returns_the_better_of_both_searches(be
         table = rng.dirichlet(np.full(vocab, 0.3), size=(vocab, vocab)).astype(np.float32)
         first = rng.integers(0, vocab, 5).tolist()
         max_lengths = rng.integers(1, 12, 5).tolist()
-        settings = dict(start_id=TOY_START, end_id=TOY_END, max_lengths=max_lengths)
-        beams_only = beam_search(toy_step(table), toy_cache(first, beams), beam_size=beams, **settings)
-        greedy = greedy_search(toy_step(table), toy_cache(first), **settings)
+        beams_only = beam_search(toy_step(table), toy_cache(first, beams), max_lengths, toy(beam_size=beams))
+        greedy = greedy_search(toy_step(table), toy_cache(first), max_lengths, toy())
         apart = higher_scoring(beams_only, greedy)
         together = together_in_graph(toy_cache(first, beams + 1), table, tf.constant(max_lengths))
         np.testing.assert_array_equal(together[0].numpy(), apart[0].numpy())
@@ -416,8 +428,6 @@ def test_each_sentence_starts_with_its_own_forced_token_as_if_searched_alone(bea
     # `first_ids`: a forced first token per sentence (a request's target language). Sentences of
     # different limits leave the batch at different steps; each must still get exactly what a
     # search of it alone, its token forced for all (`TokenRules.forced_first`), gets.
-    from keras_transformer.inference import TokenRules
-
     rng = np.random.default_rng(3)
     vocab = 8
     table = rng.dirichlet(np.full(vocab, 0.4), size=(vocab, vocab)).astype(np.float32)
@@ -425,17 +435,16 @@ def test_each_sentence_starts_with_its_own_forced_token_as_if_searched_alone(bea
     rows = beams + keep_greedy
 
     def search(previous, limits, rules, **first):
-        settings = dict(start_id=TOY_START, end_id=TOY_END, max_lengths=limits, rules=rules, **first)
+        settings = toy(beam_size=beams, keep_greedy=keep_greedy, token_rules=rules)
         if beams == 1:
-            return greedy_search(toy_step(table), toy_cache(previous), **settings)
-        return beam_search(toy_step(table), toy_cache(previous, rows), beam_size=beams, keep_greedy=keep_greedy,
-                           **settings)
+            return greedy_search(toy_step(table), toy_cache(previous), limits, settings, **first)
+        return beam_search(toy_step(table), toy_cache(previous, rows), limits, settings, **first)
 
-    ours = TokenRules.ours(TOY_START)
+    ours = TokenRules.ours(TOY_START, TOY_END)
     together = graph_function(lambda ids: search(first, max_lengths, ours, first_ids=ids))(tf.constant(first_ids))
     assert together[0].numpy()[:, 0].tolist() == first_ids
     for index, (previous, limit, token) in enumerate(zip(first, max_lengths, first_ids)):
-        alone = search([previous], [limit], ours._replace(forced_first=token))
+        alone = search([previous], [limit], dataclasses.replace(ours, forced_first=token))
         width = alone[0].shape[1]
         np.testing.assert_array_equal(together[0].numpy()[index, :width], alone[0].numpy()[0])
         assert not together[0].numpy()[index, width:].any()
@@ -463,12 +472,13 @@ def test_dropping_finished_sentences_changes_no_result_and_saves_their_steps(bea
     # read another sentence's context after the batch shrank would search on
     # the wrong model. Greedy search for beams=1.
     batch, rows = 6, beams + 1 if keep_greedy else beams
-    search = functools.partial(beam_search, beam_size=beams, keep_greedy=keep_greedy) if beams > 1 else greedy_search
+    search = beam_search if beams > 1 else greedy_search
+    settings = toy(beam_size=beams, keep_greedy=keep_greedy)
     context = {"table": tf.range(batch)}
     # Eager, so that every step's rows are counted; then in a graph, as the export runs it (traced
     # once per setting, each seed's tables and limits its inputs).
     in_graph = {drop_finished: graph_function(lambda cache, tables, max_lengths, drop_finished=drop_finished: search(
-        sentence_tables_step(tables, rows), cache, TOY_START, TOY_END, max_lengths, context=context,
+        sentence_tables_step(tables, rows), cache, max_lengths, settings, context=context,
         drop_finished=drop_finished), reduce_retracing=True) for drop_finished in (True, False)}
     rows_computed = {True: 0, False: 0}
     for seed in range(6):
@@ -480,8 +490,8 @@ def test_dropping_finished_sentences_changes_no_result_and_saves_their_steps(bea
         found = {}
         for drop_finished in (True, False):
             rows_seen = []
-            found[drop_finished] = search(sentence_tables_step(tables, rows, rows_seen), cache, TOY_START, TOY_END,
-                                          max_lengths, context=context, drop_finished=drop_finished)
+            found[drop_finished] = search(sentence_tables_step(tables, rows, rows_seen), cache, max_lengths, settings,
+                                          context=context, drop_finished=drop_finished)
             rows_computed[drop_finished] += sum(rows_seen)
             in_graph_found = in_graph[drop_finished](cache, tables, tf.constant(max_lengths))
             np.testing.assert_array_equal(in_graph_found[0].numpy(), found[drop_finished][0].numpy())
@@ -499,9 +509,10 @@ def test_an_empty_batch_or_one_that_finishes_at_once_leaves_cleanly(max_lengths)
         rows = beams + 1 if beams > 1 else 1  # beam search with its greedy row
         cache = {"previous": tf.zeros([batch * rows], tf.int32)}
         context = {"table": tf.range(batch)}
-        search = functools.partial(beam_search, beam_size=beams, keep_greedy=True) if beams > 1 else greedy_search
+        search = beam_search if beams > 1 else greedy_search
+        settings = toy(beam_size=beams, keep_greedy=True)
         found = [graph_function(lambda cache, drop_finished=drop_finished: search(
-            sentence_tables_step(tables, rows), cache, TOY_START, TOY_END, max_lengths, context=context,
+            sentence_tables_step(tables, rows), cache, max_lengths, settings, context=context,
             drop_finished=drop_finished))(cache) for drop_finished in (True, False)]
         assert found[0][0].shape[0] == batch
         np.testing.assert_array_equal(found[0][0].numpy(), found[1][0].numpy())
@@ -513,9 +524,9 @@ def test_searches_compile_with_xla_on_a_cache_with_all_its_room(model, beam_size
     # XLA needs fixed shapes: static_shapes=True (all the cache's room at once, finished sentences
     # kept in the batch), and the same translations.
     ids = sources(5)
-    settings = dict(start_id=START, end_id=END, beam_size=beam_size, max_extra_length=20)
-    plain = graph_function(lambda x: transformer_search(model, x, **settings))(ids)
-    compiled = graph_function(lambda x: transformer_search(model, x, static_shapes=True, **settings), jit_compile=True)(ids)
+    settings = decoding(beam_size=beam_size, max_extra_length=20)
+    plain = graph_function(lambda x: transformer_search(model, x, settings))(ids)
+    compiled = graph_function(lambda x: transformer_search(model, x, settings, static_shapes=True), jit_compile=True)(ids)
     assert (plain[0].numpy() != 0).sum(axis=1).max() > decoding_steps.INITIAL_CACHE_ROOM  # the plain one's cache grew
     np.testing.assert_array_equal(compiled[0].numpy(), plain[0].numpy())
     np.testing.assert_allclose(compiled[1].numpy(), plain[1].numpy(), atol=1e-5)
@@ -551,9 +562,7 @@ def test_stopping_once_the_best_cannot_be_beaten_returns_the_same_in_fewer_steps
                     return counted(tokens, cache, index, context)
 
                 found[early_stop] = beam_search(  # eager: the loop runs in Python, each step counted
-                    step_fn, toy_cache(first, beams), TOY_START, TOY_END, max_lengths, beam_size=beams,
-                    length_alpha=length_alpha,
-                )
+                    step_fn, toy_cache(first, beams), max_lengths, toy(beam_size=beams, length_alpha=length_alpha))
                 monkeypatch.undo()
             np.testing.assert_array_equal(found[True][0].numpy(), found[False][0].numpy())
             np.testing.assert_allclose(found[True][1].numpy(), found[False][1].numpy(), rtol=1e-6)
@@ -563,8 +572,6 @@ def test_stopping_once_the_best_cannot_be_beaten_returns_the_same_in_fewer_steps
 
 def test_a_checkpoints_token_rules_forbid_force_and_renormalize():
     """`TokenRules`: Hugging Face's bad words, forced first token, forced [END] at the limit, renormalisation."""
-    from keras_transformer.inference import TokenRules
-
     # Ids: 0 padding, 1 start, 2 a word, 3 [END]; padding has the highest logit.
     logits = tf.constant([3.0, 1.0, 0.0, 2.0])
 
@@ -572,19 +579,19 @@ def test_a_checkpoints_token_rules_forbid_force_and_renormalize():
         return tf.tile(logits[None], [tf.shape(tokens)[0], 1]), cache
 
     def search(rules, max_length=3):
-        tokens, scores = greedy_search(step_fn, tf.zeros([1]), 1, 3, tf.constant([max_length]), length_alpha=0.0,
-                                       rules=rules, length_penalty_kind="hf")
+        settings = DecodingSettings(beam_size=1, length_penalty=LengthPenalty(0.0, offset=0), token_rules=rules)
+        tokens, scores = greedy_search(step_fn, tf.zeros([1]), tf.constant([max_length]), settings.for_output(1, 3))
         return [int(t) for t in tokens.numpy()[0] if t], float(scores.numpy()[0])
 
     log_softmax = lambda values: values - np.log(np.sum(np.exp(values)))  # noqa: E731
-    plain = TokenRules(never=(0, 1), forced_first=None, end_at_limit=False, renormalize=False)
+    plain = TokenRules(never=(0, 1))
     assert search(plain) == ([3], pytest.approx(log_softmax(np.array([3.0, 1.0, 0.0, 2.0]))[3]))
     # Renormalised: the forbidden ids' share goes to the others.
-    assert search(plain._replace(renormalize=True)) == ([3], pytest.approx(log_softmax(np.array([0.0, 2.0]))[1]))
+    assert search(dataclasses.replace(plain, renormalize=True)) == ([3], pytest.approx(log_softmax(np.array([0.0, 2.0]))[1]))
     # A forced first token costs nothing; then the search goes on as before.
-    forced = search(plain._replace(forced_first=2))
+    forced = search(dataclasses.replace(plain, forced_first=2))
     assert forced == ([2, 3], pytest.approx(log_softmax(np.array([3.0, 1.0, 0.0, 2.0]))[3]))
     # [END] forced at the last allowed position, where the word would have come.
-    prefers_word = plain._replace(never=(0, 1, 3))
+    prefers_word = dataclasses.replace(plain, never=(0, 1, 3))
     assert search(prefers_word, max_length=2) == ([2, 2], pytest.approx(2 * log_softmax(np.array([3.0, 1.0, 0.0, 2.0]))[2]))
-    assert search(prefers_word._replace(end_at_limit=True), max_length=2)[0] == [2, 3]
+    assert search(dataclasses.replace(prefers_word, end_at_limit=True), max_length=2)[0] == [2, 3]

@@ -202,17 +202,17 @@ def export_ctranslate2(translator, out_dir, quantization=None):
         spec.save(staging)
         translator.source_tokenizer.save(os.path.join(staging, TOKENIZERS, "source"))
         translator.target_tokenizer.save(os.path.join(staging, TOKENIZERS, "target"))
+        decoding, rules = translator.settings, translator.settings.token_rules
         settings = {
-            "beam_size": translator.beam_size,
-            "length_alpha": translator.length_alpha,
-            "max_extra_length": translator.max_extra_length,
-            "max_output_length": translator.max_output_length,
+            "beam_size": decoding.beam_size,
+            "length_alpha": decoding.length_penalty.alpha,
+            "max_extra_length": decoding.max_extra_length,
+            "max_output_length": decoding.max_output_length,
             "max_source_length": model.max_length,
             # The search's token rules, as CTranslate2 takes them (token strings): never generated, forced first.
-            "never_tokens": [target_tokenizer.vocab[token_id] for token_id in translator.rules.never],
-            "forced_first_token": None if translator.rules.forced_first is None
-            else target_tokenizer.vocab[translator.rules.forced_first],
-            "end_at_limit": translator.rules.end_at_limit,
+            "never_tokens": [target_tokenizer.vocab[token_id] for token_id in rules.never],
+            "forced_first_token": None if rules.forced_first is None else target_tokenizer.vocab[rules.forced_first],
+            "end_at_limit": rules.end_at_limit,
             "source_frame_length": source_tokenizer.frame_length,
             "quantization": quantization or "float32",
             "ctranslate2": ctranslate2.__version__,

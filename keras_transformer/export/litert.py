@@ -334,16 +334,14 @@ class LiteRTTranslation(LiteRTService):
             scores = tf.where(unanswered, float("nan"), scores)
         tokens = tf.where(empty[:, None], 0, tokens)  # no tokens: "" (LiteRT selects no strings)
         # Padded to the longest output allowed: the detokenizer's string join needs its width when traced.
-        cap = translator.max_output_length
+        cap = translator.settings.max_output_length
         tokens = tf.reshape(tf.pad(tokens, [[0, 0], [0, cap - tf.shape(tokens)[1]]]), [-1, cap])
         return {"translation": translator.target_tokenizer.detokenize(tokens), "score": scores}
 
     def settings(self):
         translator = self.translator
         return {
-            "kind": "translation", "beam_size": translator.beam_size, "length_alpha": translator.length_alpha,
-            "max_extra_length": translator.max_extra_length, "max_output_length": translator.max_output_length,
-            "max_source_length": translator.model.max_length,
+            "kind": "translation", **translator.settings.to_config(), "max_source_length": translator.model.max_length,
             "lowercase": self.source.lower_case, "max_bytes": self.source.max_bytes,
             **({"languages": translator.languages} if translator.languages else {}),
         }

@@ -173,11 +173,7 @@ def _settings(translator):
     """What `assets.extra/translator.json` records: the decoding settings and the model's sizes."""
     model = translator.model
     return {
-        "beam_size": translator.beam_size,
-        "length_alpha": translator.length_alpha,
-        "length_penalty_kind": translator.length_penalty_kind,
-        "max_extra_length": translator.max_extra_length,
-        "max_output_length": translator.max_output_length,
+        **translator.settings.to_config(),
         "max_source_length": model.max_length,
         "source_vocab_size": model.src_vocab_size,
         "target_vocab_size": model.tgt_vocab_size,

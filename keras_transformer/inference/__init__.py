@@ -4,15 +4,8 @@ from keras_transformer.backends import require_tensorflow
 
 require_tensorflow("keras_transformer.inference", "its searches run the model inside tf.while_loop")
 
-from keras_transformer.inference.search import (
-    LENGTH_PENALTIES,
-    TokenRules,
-    beam_search,
-    greedy_search,
-    higher_scoring,
-    length_penalty,
-    num_steps,
-)
+from keras_transformer.inference.settings import STOP_RULES, DecodingSettings, LengthPenalty, TokenRules
+from keras_transformer.inference.search import beam_search, greedy_search, higher_scoring, num_steps
 from keras_transformer.inference.sampling import filter_logits, sample
 from keras_transformer.inference.steps import (
     language_model_prefill,
@@ -26,7 +19,9 @@ from keras_transformer.inference.generator import Generator
 from keras_transformer.inference.translator import Translator
 
 __all__ = [
-    "LENGTH_PENALTIES",
+    "STOP_RULES",
+    "DecodingSettings",
+    "LengthPenalty",
     "TokenRules",
     "Generator",
     "Translator",
@@ -36,7 +31,6 @@ __all__ = [
     "higher_scoring",
     "language_model_prefill",
     "language_model_step",
-    "length_penalty",
     "num_steps",
     "output_limits",
     "sample",

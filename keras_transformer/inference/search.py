@@ -42,59 +42,30 @@ as CTranslate2 does. That changes the rows' count from step to step; XLA,
 which needs fixed shapes, takes `drop_finished=False`.
 
 Everything is TensorFlow ops, so the searches run inside `tf.function` and in
-an exported SavedModel. Each sentence stops at [END] or at its own limit
-(`max_lengths`), so a sentence's output does not depend on what else is in
-the batch. Id 0 is padding: neither it nor [START] is ever generated.
-A pretrained checkpoint brings rules of its own for single tokens (`TokenRules`:
-the ids it never generates, a forced first token such as NLLB's target
-language, [END] forced at the length limit), as Hugging Face's logits
-processors apply them. A forced first token may also differ from sentence
-to sentence (`first_ids`: each request's own target language).
+an exported SavedModel. What to search for comes as one `DecodingSettings`
+(`settings.py`): the beam size, the length penalty, the stopping rule and
+the token rules, the [START] and [END] ids among them. Each sentence stops
+at [END] or at its own limit (`max_lengths`), so a sentence's output does
+not depend on what else is in the batch. Id 0 is padding: neither it nor
+[START] is ever generated. A pretrained checkpoint brings rules of its own
+for single tokens (`TokenRules`: the ids it never generates, a forced first
+token such as NLLB's target language, [END] forced at the length limit).
+A forced first token may also differ from sentence to sentence
+(`first_ids`: each request's own target language).
 
 Returned tokens exclude [START], include [END] when generated, and are
-padded with 0; scores are length-normalised log-probabilities, the quantity
-beam search maximises: GNMT's length penalty ((5 + length) / 6) ** alpha, or
-Hugging Face's length ** alpha (`length_penalty_kind="hf"`).
+padded with 0; scores are length-normalised log-probabilities (the
+settings' `LengthPenalty`), the quantity beam search maximises.
 """
 
 import collections
 
 import tensorflow as tf
 
+from keras_transformer.inference.settings import STOP_RULES
+
 # Stands in for log(0): finite, so that arithmetic on it never makes NaN.
 NEG_INF = -1e9
-# The length penalties a score is divided by: GNMT's (the paper's setting) and Hugging Face's.
-GNMT, HF = "gnmt", "hf"
-LENGTH_PENALTIES = (GNMT, HF)
-
-
-def length_penalty(lengths, alpha, kind=GNMT):
-    """GNMT's lp(Y) = ((5 + |Y|) / 6) ** alpha, or with `kind="hf"` Hugging Face's |Y| ** alpha."""
-    lengths = tf.cast(lengths, tf.float32)
-    if kind == HF:
-        return tf.pow(lengths, alpha)
-    if kind != GNMT:
-        raise ValueError(f"length_penalty_kind must be one of {LENGTH_PENALTIES}, got {kind!r}")
-    return tf.pow((5.0 + lengths) / 6.0, alpha)
-
-
-class TokenRules(collections.namedtuple("TokenRules", ["never", "forced_first", "end_at_limit", "renormalize"])):
-    """Rules for single tokens, applied to every step's log-probabilities.
-
-    never: ids never generated (padding, and [START] for our own models;
-        a checkpoint's `bad_words_ids` of one token).
-    forced_first: the id every output starts with (NLLB's and M2M100's
-        target language, `forced_bos_token_id`), or None.
-    end_at_limit: [END] is forced at a sentence's last allowed position
-        (`forced_eos_token_id`), so that it counts in the length.
-    renormalize: the log-probabilities are normalised again after the rules
-        (`renormalize_logits`): the forbidden ids' share goes to the others.
-    """
-
-    @classmethod
-    def ours(cls, start_id):
-        """Our own models' rules: neither padding (0) nor [START] is ever generated."""
-        return cls(never=(0, start_id), forced_first=None, end_at_limit=False, renormalize=False)
 
 
 def num_steps(max_lengths):
@@ -122,7 +93,7 @@ def loop_shapes(loop_vars, cache_position, cache_grows=True):
     return tuple(shapes)
 
 
-def _apply_rules(log_probs, rules, end_id, step, row_limits, first_ids):
+def _apply_rules(log_probs, rules, step, row_limits, first_ids):
     """`log_probs` with `rules` applied at output position `step`.
 
     `row_limits`: each row's sentence's limit; `first_ids`: the forced first
@@ -145,14 +116,14 @@ def _apply_rules(log_probs, rules, end_id, step, row_limits, first_ids):
         log_probs = tf.cond(tf.equal(step, 0), lambda: tf.broadcast_to(certain(first_ids), tf.shape(log_probs)),
                             lambda: log_probs)
     if rules.end_at_limit:
-        log_probs = tf.where((step + 1 >= row_limits)[:, None], certain(end_id), log_probs)
+        log_probs = tf.where((step + 1 >= row_limits)[:, None], certain(rules.end_id), log_probs)
     return log_probs
 
 
-def _log_probs(step_fn, last, cache, step, context, rules, end_id, row_limits, first_ids):
+def _log_probs(step_fn, last, cache, step, context, rules, row_limits, first_ids):
     """One model step: log-probabilities of every next token under `rules`, and the updated cache."""
     logits, cache = step_fn(last, cache, step, context)
-    return _apply_rules(tf.nn.log_softmax(logits), rules, end_id, step, row_limits, first_ids), cache
+    return _apply_rules(tf.nn.log_softmax(logits), rules, step, row_limits, first_ids), cache
 
 
 def write_column(buffer, column, values):
@@ -232,13 +203,12 @@ def _drop_finished(finished, sentences, answers, results, per_sentence, per_row,
 # rules, and dropping finished sentences.
 
 
-def _search(strategy, step_fn, cache, start_id, end_id, max_lengths, context, drop_finished, rules, first_ids):
-    """Run `strategy` against `step_fn` until every sentence is finished: `(tokens, scores)`."""
+def _search(strategy, step_fn, cache, max_lengths, rules, context, drop_finished, first_ids):
+    """Run `strategy` against `step_fn` under token `rules` until every sentence is finished: `(tokens, scores)`."""
     max_lengths = tf.convert_to_tensor(max_lengths, tf.int32)
     batch = tf.shape(max_lengths)[0]
     steps = num_steps(max_lengths)
     rows_per_source = strategy.rows_per_source
-    rules = rules or TokenRules.ours(start_id)
     # Each sentence's own first token rides with the sentence; one for all is a constant.
     first_per_sentence = first_ids is not None
     if not first_per_sentence:
@@ -251,7 +221,7 @@ def _search(strategy, step_fn, cache, start_id, end_id, max_lengths, context, dr
         row_limits, row_first_ids = sentences.max_lengths, sentences.first_ids
         if rows_per_source > 1:
             row_limits, row_first_ids = (tf.repeat(value, rows_per_source) for value in (row_limits, row_first_ids))
-        log_probs, cache = _log_probs(step_fn, last, cache, step, context, rules, end_id, row_limits,
+        log_probs, cache = _log_probs(step_fn, last, cache, step, context, rules, row_limits,
                                       row_first_ids if first_per_sentence else rules.forced_first)
         tokens, parents, state = strategy.advance(state, log_probs, step, sentences.max_lengths)
         if drop_finished:
@@ -272,7 +242,7 @@ def _search(strategy, step_fn, cache, start_id, end_id, max_lengths, context, dr
         Sentences(tf.range(batch), max_lengths, tf.convert_to_tensor(first_ids, tf.int32)),
         cache,
         context,
-        tf.fill([batch * rows_per_source], tf.cast(start_id, tf.int32)),
+        tf.fill([batch * rows_per_source], tf.cast(rules.start_id, tf.int32)),
         strategy.initial(batch, steps),
         _no_results(batch, steps),
     )
@@ -298,10 +268,9 @@ class GreedySearch:
     rows_per_source = 1
     reorders_rows = False
 
-    def __init__(self, end_id, length_alpha=0.6, length_penalty_kind=GNMT):
-        self.end_id = end_id
-        self.length_alpha = length_alpha
-        self.length_penalty_kind = length_penalty_kind
+    def __init__(self, settings):
+        self.end_id = settings.token_rules.end_id
+        self.penalty = settings.length_penalty
 
     @staticmethod
     def initial(batch, steps):
@@ -334,43 +303,36 @@ class GreedySearch:
 
     def answers(self, state):
         """`(tokens, length-normalised scores)`."""
-        return state.tokens, state.log_prob_sum / length_penalty(
-            state.lengths, self.length_alpha, self.length_penalty_kind
-        )
+        return state.tokens, state.log_prob_sum / self.penalty(state.lengths)
 
 
-def greedy_search(
-    step_fn,
-    cache,
-    start_id,
-    end_id,
-    max_lengths,
-    length_alpha=0.6,
-    context=(),
-    drop_finished=True,
-    rules=None,
-    length_penalty_kind=GNMT,
-    first_ids=None,
-):
+def _token_rules(settings):
+    """The settings' token rules, refused in one line where they name no [START] or [END]."""
+    rules = settings.token_rules
+    if rules is None or rules.start_id is None or rules.end_id is None:
+        raise ValueError("the decoding settings name no [START] and [END] ids: use settings.for_output(start_id, end_id)")
+    return rules
+
+
+def greedy_search(step_fn, cache, max_lengths, settings, context=(), drop_finished=True, first_ids=None):
     """Pick the most probable token at every step.
 
     Args:
         step_fn: `(tokens, cache, index, context) -> (logits, cache)`, see
             the module docstring; one row per sentence.
         cache: its initial cache, rows on axis 0.
-        start_id, end_id: the output vocabulary's [START] and [END] ids.
         max_lengths: `(batch,)` int32, each sentence's longest output.
-        length_alpha: alpha of the length penalty used for the returned score.
+        settings: the `DecodingSettings`, their token rules with the
+            output's [START] and [END] (`for_output`); greedy search reads
+            the token rules and the length penalty (for the returned score).
         context: what the step function reads but never changes, one row
             per sentence on axis 0 (default: nothing).
         drop_finished: drop a sentence's rows once it has finished (False:
             fixed shapes, for XLA; the same result, up to rounding where a
             kernel sums differently for another number of rows).
-        rules: the `TokenRules` (default: `TokenRules.ours(start_id)`).
-        length_penalty_kind: "gnmt" or "hf" (see `length_penalty`).
         first_ids: `(batch,)` int32, the token each sentence's output starts
-            with (a request's target language), in place of
-            `rules.forced_first`; default: `rules.forced_first` for all.
+            with (a request's target language), in place of the rules'
+            `forced_first`; default: `forced_first` for all.
 
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`, `steps =
@@ -378,11 +340,11 @@ def greedy_search(
 
     Example:
     >>> step_fn, cache, context = transformer_step(model, source_ids, num_steps(max_lengths))
-    >>> tokens, scores = greedy_search(step_fn, cache, start_id, end_id, max_lengths, context=context)
+    >>> settings = DecodingSettings(beam_size=1).for_output(start_id, end_id)
+    >>> tokens, scores = greedy_search(step_fn, cache, max_lengths, settings, context=context)
     """
-    strategy = GreedySearch(end_id, length_alpha, length_penalty_kind)
-    return _search(strategy, step_fn, cache, start_id, end_id, max_lengths, context, drop_finished, rules,
-                   first_ids)
+    rules = _token_rules(settings)
+    return _search(GreedySearch(settings), step_fn, cache, max_lengths, rules, context, drop_finished, first_ids)
 
 
 # -- beam search -----------------------------------------------------------------------
@@ -406,18 +368,12 @@ class BeamSearch:
 
     reorders_rows = True
 
-    def __init__(self, end_id, beam_size, length_alpha=0.6, length_penalty_kind=GNMT, keep_greedy=False,
-                 stop_when_beam_full=True):
-        if beam_size < 1:
-            raise ValueError(f"beam_size must be at least 1, got {beam_size}")
-        self.end_id, self.beam_size = end_id, beam_size
-        self.length_alpha, self.length_penalty_kind = length_alpha, length_penalty_kind
-        self.stop_when_beam_full = stop_when_beam_full
-        self.greedy = GreedySearch(end_id, length_alpha, length_penalty_kind) if keep_greedy else None
-        self.rows_per_source = beam_rows_per_source(beam_size, keep_greedy)
-
-    def penalty(self, lengths):
-        return length_penalty(lengths, self.length_alpha, self.length_penalty_kind)
+    def __init__(self, settings):
+        self.end_id, self.beam_size = settings.token_rules.end_id, settings.beam_size
+        self.penalty = settings.length_penalty
+        self.stop = STOP_RULES[settings.stop_rule]
+        self.greedy = GreedySearch(settings) if settings.keep_greedy else None
+        self.rows_per_source = beam_rows_per_source(settings.beam_size, settings.keep_greedy)
 
     def initial(self, batch, steps):
         # Only the first beam is live at the start, or every beam would be the same.
@@ -496,31 +452,13 @@ class BeamSearch:
         beam_done |= _cannot_be_beaten(final_scores[:, 0], final_count, live_log_probs, position, max_lengths,
                                        self.penalty)
         beam_done |= position + 1 >= max_lengths
-        if self.stop_when_beam_full:
-            beam_done |= final_count >= beam_size
-        else:
-            beam_done |= _hugging_face_would_stop(final_scores, final_count, live_log_probs, position, self.penalty)
+        beam_done |= self.stop(final_scores, final_count, live_log_probs, position, self.penalty)
         state = state._replace(live=tf.gather(top_sequences, best, batch_dims=1), live_log_probs=live_log_probs,
                                final=final, final_scores=final_scores, final_count=final_count)
         return state, beam_done, tf.gather(beam_index, best, batch_dims=1), tf.gather(tokens, best, batch_dims=1)
 
 
-def beam_search(
-    step_fn,
-    cache,
-    start_id,
-    end_id,
-    max_lengths,
-    beam_size=4,
-    length_alpha=0.6,
-    context=(),
-    keep_greedy=False,
-    drop_finished=True,
-    rules=None,
-    length_penalty_kind=GNMT,
-    stop_when_beam_full=True,
-    first_ids=None,
-):
+def beam_search(step_fn, cache, max_lengths, settings, context=(), drop_finished=True, first_ids=None):
     """Keep the `beam_size` most probable hypotheses at every step; return the best.
 
     At each step the live hypotheses are extended by every token and the
@@ -528,14 +466,15 @@ def beam_search(
     ([END], or the sentence's length limit) among the first `beam_size` are
     final: they are set aside, where longer hypotheses can no longer push
     them out. The best `beam_size` that did not end stay live. A sentence is
-    done when it has `beam_size` final hypotheses, or as soon as no live
+    done when the settings' stop rule says so (`settings.STOP_RULES`: by
+    default once it has `beam_size` final hypotheses), or as soon as no live
     hypothesis can score above its best final one (`_cannot_be_beaten`:
     the same result, fewer steps); the one with the best length-normalised
     score is returned. With `beam_size=1` this is exactly
     greedy search.
 
     Pruning can drop the greedy path early and end on a worse hypothesis:
-    with `keep_greedy`, one more row per sentence follows the greedy path
+    with the settings' `keep_greedy`, one more row per sentence follows the greedy path
     in the same model steps (until it ends, or provably cannot beat the
     beams), and the better of the two is returned, so beam search never
     scores worse than greedy search.
@@ -552,22 +491,15 @@ def beam_search(
         context: as for `greedy_search`: one row per sentence, which all
             its rows read.
         max_lengths: `(batch,)` int32, one limit per sentence.
-        keep_greedy: follow the greedy path too, and return it where it
-            scores better.
-        stop_when_beam_full: a sentence is done once `beam_size` of its
-            hypotheses have ended. False: it searches on, keeping the best
-            `beam_size` that ended, until Hugging Face's heuristic stops it
-            (`_hugging_face_would_stop`, `early_stopping=False`), as
-            Hugging Face's search does.
-        drop_finished, rules, length_penalty_kind, first_ids: as for `greedy_search`.
-        Other arguments as `greedy_search`.
+        settings: the `DecodingSettings` (`beam_size`, `keep_greedy`,
+            `stop_rule`, the length penalty and the token rules).
+        drop_finished, first_ids: as for `greedy_search`.
 
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`.
     """
-    strategy = BeamSearch(end_id, beam_size, length_alpha, length_penalty_kind, keep_greedy, stop_when_beam_full)
-    return _search(strategy, step_fn, cache, start_id, end_id, max_lengths, context, drop_finished, rules,
-                   first_ids)
+    rules = _token_rules(settings)
+    return _search(BeamSearch(settings), step_fn, cache, max_lengths, rules, context, drop_finished, first_ids)
 
 
 def _cannot_be_beaten(best_final, final_count, live_log_probs, step, max_lengths, penalty):
@@ -590,21 +522,6 @@ def _cannot_be_beaten(best_final, final_count, live_log_probs, step, max_lengths
     margin = 1e-5 * tf.abs(best_final)[:, None] + 1e-6
     can_win = (live_log_probs > NEG_INF / 2) & (bound + margin >= best_final[:, None])
     return (final_count > 0) & ~tf.reduce_any(can_win, axis=1)
-
-
-def _hugging_face_would_stop(final_scores, final_count, live_log_probs, step, penalty):
-    """`(batch,)`: sentences that Hugging Face's beam search (`early_stopping=False`) stops searching.
-
-    Its heuristic: once `beam_size` hypotheses have ended, a sentence is done
-    when its best live hypothesis, scored at its present length (step + 1
-    tokens), does not beat the worst of the `beam_size` best ended ones. A
-    hypothesis that would win by growing longer is not waited for: this
-    returns what Hugging Face returns, which `_cannot_be_beaten` alone
-    sometimes improves on.
-    """
-    beam_full = final_count >= tf.shape(final_scores)[1]
-    best_live = live_log_probs[:, 0] / penalty(tf.fill(tf.shape(final_count), step + 1))
-    return beam_full & (best_live <= final_scores[:, -1])  # top_k keeps the ended ones sorted
 
 
 def higher_scoring(first, second):

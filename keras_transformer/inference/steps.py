@@ -29,14 +29,8 @@ limits, the step function, and greedy or beam search.
 
 import tensorflow as tf
 
-from keras_transformer.inference.search import (
-    beam_rows_per_source,
-    beam_search,
-    greedy_search,
-    length_penalty,
-    num_steps,
-    write_column,
-)
+from keras_transformer.inference.search import beam_rows_per_source, beam_search, greedy_search, num_steps, write_column
+from keras_transformer.inference.settings import LengthPenalty
 from keras_transformer.layers.masks import padding_mask
 
 # Output positions a translation's self-attention cache has room for at first.
@@ -55,10 +49,14 @@ def output_length_cap(model, max_output_length=None):
     return max_output_length
 
 
-def output_limits(model, source_ids, max_extra_length=50, max_output_length=None):
-    """`(batch,)` int32: each sentence's longest output, `min(source length + max_extra_length, cap)`."""
+def output_limits(model, source_ids, settings):
+    """`(batch,)` int32: each sentence's longest output, `min(source length + max_extra_length, cap)`.
+
+    `settings`: the `DecodingSettings` whose `max_extra_length` and
+    `max_output_length` (the cap; default: the model's `max_length`) apply.
+    """
     source_lengths = tf.reduce_sum(tf.cast(padding_mask(source_ids), tf.int32), axis=1)
-    return tf.minimum(source_lengths + max_extra_length, output_length_cap(model, max_output_length))
+    return tf.minimum(source_lengths + settings.max_extra_length, output_length_cap(model, settings.max_output_length))
 
 
 def grow_cache(cache, index, max_length):
@@ -114,9 +112,10 @@ def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache
         axis 0.
 
     Example:
-    >>> max_lengths = output_limits(model, source_ids)
+    >>> settings = DecodingSettings(beam_size=1).for_output(start_id, end_id)
+    >>> max_lengths = output_limits(model, source_ids, settings)
     >>> step_fn, cache, context = transformer_step(model, source_ids, num_steps(max_lengths))
-    >>> greedy_search(step_fn, cache, start_id, end_id, max_lengths, context=context)
+    >>> greedy_search(step_fn, cache, max_lengths, settings, context=context)
     """
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)
     memory = model.encode(source_ids)
@@ -212,45 +211,21 @@ def language_model_prefill(model):
     return prefill
 
 
-def transformer_search(
-    model,
-    source_ids,
-    start_id,
-    end_id,
-    beam_size=1,
-    length_alpha=0.6,
-    max_extra_length=50,
-    max_output_length=None,
-    use_cache=True,
-    keep_greedy=True,
-    static_shapes=False,
-    rules=None,
-    length_penalty_kind="gnmt",
-    stop_when_beam_full=True,
-    first_ids=None,
-):
+def transformer_search(model, source_ids, settings, use_cache=True, static_shapes=False, first_ids=None):
     """Translate source ids with a `Transformer`: greedy search for `beam_size=1`, else beam search.
 
     Args:
         model: a `keras_transformer.models.Transformer`.
         source_ids: `(batch, source_length)` int32, 0 = padding.
-        start_id, end_id: the target vocabulary's [START] and [END] ids.
-        beam_size: 1 for greedy search, else beam search with this many beams.
-        length_alpha: the length penalty's alpha (0.6 in the paper).
-        max_extra_length: a sentence may be this much longer than its source.
-        max_output_length: no output is longer than this (default: the
-            model's `max_length`).
+        settings: the `DecodingSettings` (beam size, length penalty and
+            limits, stop rule, `keep_greedy`: see `inference.settings`),
+            their token rules with the target vocabulary's [START] and [END]
+            (`settings.for_output(start_id, end_id)`).
         use_cache: decode on the key/value cache (else recompute the prefix).
-        keep_greedy: with beam search, also follow the greedy path (one more
-            row per sentence in the same steps) and keep it where it scores
-            better, so that beam search never returns a worse score than greedy.
         static_shapes: keep every tensor's shape through the search, as XLA
             needs: the cache has all its room from the start (no
             `growing_cache`) and finished sentences stay in the batch (no
             `drop_finished`). The same translations, more work.
-        rules, length_penalty_kind, stop_when_beam_full: a checkpoint's
-            `TokenRules`, length penalty and stopping rule (see
-            `inference.search`); default: our own models'.
         first_ids: `(batch,)` int32, each sentence's forced first token (a
             request's target language; see `inference.greedy_search`).
 
@@ -258,26 +233,22 @@ def transformer_search(
         `(tokens (batch, steps) int32, scores (batch,) float32)`, as the searches.
 
     Example:
-    >>> tokens, scores = transformer_search(model, source_ids, start_id=2, end_id=3, beam_size=4)
+    >>> settings = DecodingSettings(beam_size=4).for_output(start_id=2, end_id=3)
+    >>> tokens, scores = transformer_search(model, source_ids, settings)
     """
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)
-    max_lengths = output_limits(model, source_ids, max_extra_length, max_output_length)
-    search = dict(start_id=start_id, end_id=end_id, max_lengths=max_lengths, length_alpha=length_alpha,
-                  drop_finished=not static_shapes, rules=rules, length_penalty_kind=length_penalty_kind,
-                  first_ids=first_ids)
-    rows_per_source = 1 if beam_size == 1 else beam_rows_per_source(beam_size, keep_greedy)
+    max_lengths = output_limits(model, source_ids, settings)
+    greedy = settings.beam_size == 1
+    rows_per_source = 1 if greedy else beam_rows_per_source(settings.beam_size, settings.keep_greedy)
     step_fn, cache, context = transformer_step(model, source_ids, num_steps(max_lengths),
                                                rows_per_source=rows_per_source, use_cache=use_cache,
                                                growing_cache=not static_shapes)
-    if beam_size == 1:
-        return greedy_search(step_fn, cache, context=context, **search)
-    return beam_search(step_fn, cache, beam_size=beam_size, context=context, keep_greedy=keep_greedy,
-                       stop_when_beam_full=stop_when_beam_full, **search)
+    search = greedy_search if greedy else beam_search
+    return search(step_fn, cache, max_lengths, settings, context=context, drop_finished=not static_shapes,
+                  first_ids=first_ids)
 
 
-def score_sequences(model, source_ids, target_ids, start_id, length_alpha=0.6, length_penalty_kind="gnmt"):
+def score_sequences(model, source_ids, target_ids, start_id, length_penalty=LengthPenalty()):
     """Length-normalised log-probability of given outputs (tokens as the searches return them).
 
     Teacher-forced, independent of either search: for checking them.
@@ -290,4 +261,4 @@ def score_sequences(model, source_ids, target_ids, start_id, length_alpha=0.6, l
     token_log_probs = tf.gather(log_probs, target_ids, batch_dims=2)
     real = tf.cast(target_ids != 0, tf.float32)
     lengths = tf.reduce_sum(tf.cast(target_ids != 0, tf.int32), axis=1)
-    return tf.reduce_sum(token_log_probs * real, axis=1) / length_penalty(lengths, length_alpha, length_penalty_kind)
+    return tf.reduce_sum(token_log_probs * real, axis=1) / length_penalty(lengths)

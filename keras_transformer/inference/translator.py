@@ -5,9 +5,11 @@ use can be saved as a SavedModel: the graph holds the WordPiece ops, the
 cached search and the detokenizer, and needs no Python to run.
 """
 
+import dataclasses
+
 import tensorflow as tf
 
-from keras_transformer.inference.search import TokenRules
+from keras_transformer.inference.settings import DecodingSettings
 from keras_transformer.inference.steps import output_length_cap, transformer_search
 from keras_transformer.inference.tracing import graph_function
 from keras_transformer.models.attention_maps import (
@@ -23,20 +25,11 @@ class Translator(tf.Module):
 
     Args:
         model: a `keras_transformer.models.Transformer`.
-        source_tokenizer, target_tokenizer: `keras_transformer.text.WordPieceTokenizer`s.
-        beam_size: 1 for greedy search, else beam search with this many beams.
-        length_alpha: the length penalty's alpha (0.6 in the paper).
-        max_extra_length: outputs may be this much longer than their source.
-        max_output_length: and never longer than this (default: the model's
-            `max_length`).
-        rules: the `inference.TokenRules` of a pretrained checkpoint
-            (default: our own models', `TokenRules.ours`).
-        length_penalty_kind: "gnmt" (ours) or "hf" (a checkpoint's).
-        stop_when_beam_full: see `inference.beam_search` (False for a
-            checkpoint whose search runs on as Hugging Face's does).
-        keep_greedy: beam search also follows the greedy path and returns
-            it where it scores higher (see `inference.beam_search`); False
-            for a checkpoint's, to return what Hugging Face returns.
+        source_tokenizer, target_tokenizer: `keras_transformer.text` tokenizers.
+        settings: the `inference.DecodingSettings` (default: the paper's,
+            beam 4 and length penalty 0.6); a pretrained checkpoint's bring
+            its own token rules. `translator.settings` holds them with the
+            target tokenizer's [START] and [END] and the output cap.
 
     Call arguments:
         texts: `(batch,)` strings.
@@ -52,29 +45,12 @@ class Translator(tf.Module):
         (M2M100's and NLLB's checkpoints).
 
     Example:
-    >>> translator = Translator(model, source_tokenizer, target_tokenizer, beam_size=4)
+    >>> translator = Translator(model, source_tokenizer, target_tokenizer, DecodingSettings(beam_size=4))
     >>> translator(tf.constant(["Ein Mann fährt Fahrrad."]))["translation"]
     """
 
-    def __init__(
-        self,
-        model,
-        source_tokenizer,
-        target_tokenizer,
-        beam_size=4,
-        length_alpha=0.6,
-        max_extra_length=50,
-        max_output_length=None,
-        rules=None,
-        length_penalty_kind="gnmt",
-        stop_when_beam_full=True,
-        keep_greedy=True,
-    ):
+    def __init__(self, model, source_tokenizer, target_tokenizer, settings=None):
         super().__init__(name="translator")
-        if beam_size < 1:
-            raise ValueError(f"beam_size must be at least 1, got {beam_size}")
-        if max_extra_length < 0:
-            raise ValueError(f"max_extra_length must be at least 0, got {max_extra_length}")
         for side, model_size, tokenizer in (
             ("source", model.src_vocab_size, source_tokenizer),
             ("target", model.tgt_vocab_size, target_tokenizer),
@@ -87,14 +63,11 @@ class Translator(tf.Module):
         self.model = model
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
-        self.beam_size = beam_size
-        self.length_alpha = length_alpha
-        self.max_extra_length = max_extra_length
-        self.max_output_length = output_length_cap(model, max_output_length)
-        self.rules = rules or TokenRules.ours(target_tokenizer.start_id)
-        self.length_penalty_kind = length_penalty_kind
-        self.stop_when_beam_full = stop_when_beam_full
-        self.keep_greedy = keep_greedy
+        settings = settings or DecodingSettings()
+        self.settings = dataclasses.replace(
+            settings.for_output(target_tokenizer.start_id, target_tokenizer.end_id),
+            max_output_length=output_length_cap(model, settings.max_output_length),
+        )
 
     def source_ids(self, texts, language_ids=None):
         """`(batch, length)` int32 source ids, truncated to the model's max_length.
@@ -118,14 +91,8 @@ class Translator(tf.Module):
 
         `first_ids`: each sentence's forced first token (its target language).
         """
-        target = self.target_tokenizer
-        return transformer_search(
-            self.model, source_ids, target.start_id, target.end_id, beam_size=self.beam_size,
-            length_alpha=self.length_alpha, max_extra_length=self.max_extra_length,
-            max_output_length=self.max_output_length, static_shapes=static_shapes, rules=self.rules,
-            length_penalty_kind=self.length_penalty_kind, stop_when_beam_full=self.stop_when_beam_full,
-            keep_greedy=self.keep_greedy, first_ids=first_ids,
-        )
+        return transformer_search(self.model, source_ids, self.settings, static_shapes=static_shapes,
+                                  first_ids=first_ids)
 
     def _translate(self, texts, source_language_ids=None, target_language_ids=None):
         source_ids = self.source_ids(texts, source_language_ids)

@@ -14,8 +14,10 @@ as a run directory (`runs.translation.import_checkpoint`).
 """
 
 import collections
+import dataclasses
 import logging
 
+from keras_transformer.inference.settings import DecodingSettings, LengthPenalty, TokenRules
 from keras_transformer.pretrained import m2m100, marian
 from keras_transformer.pretrained.checkpoint import (
     CheckpointError,
@@ -89,7 +91,7 @@ def _single_id(generation, config, name):
 
 
 def decoding_settings(generation, config, model):
-    """How the checkpoint decodes, in our ids: the `Translator` arguments and the token rules.
+    """How the checkpoint decodes, in our ids: its `inference.DecodingSettings`.
 
     Hugging Face's defaults where the checkpoint says nothing: greedy,
     max_length 20, length_penalty 1.0. `max_length` counts the decoder's
@@ -103,24 +105,24 @@ def decoding_settings(generation, config, model):
         raise CheckpointError(f"forced_eos_token_id={forced_end} differs from eos_token_id={end}")
     max_new_tokens = generation.get("max_new_tokens")
     max_output = max_new_tokens if max_new_tokens else generation.get("max_length", 20) - 1
-    return {
-        "beam_size": int(generation.get("num_beams") or 1),
-        "length_alpha": float(generation.get("length_penalty", 1.0)),
-        "length_penalty_kind": "hf",
-        # Hugging Face's beam search runs on after num_beams hypotheses have ended, unless early_stopping is true.
-        "stop_when_beam_full": generation.get("early_stopping") is True,
+    return DecodingSettings(
+        beam_size=int(generation.get("num_beams") or 1),
+        # Hugging Face divides by |Y| ** alpha.
+        length_penalty=LengthPenalty(alpha=float(generation.get("length_penalty", 1.0)), offset=0.0),
+        # Its beam search runs on after num_beams hypotheses have ended, unless early_stopping is true.
+        stop_rule="beam_full" if generation.get("early_stopping") is True else "best_live_is_behind",
         # It follows no greedy path beside its beams.
-        "keep_greedy": False,
-        "max_output_length": min(int(max_output), model.max_length),
+        keep_greedy=False,
+        max_output_length=min(int(max_output), model.max_length),
         # No limit relative to the source's length: Hugging Face has none.
-        "max_extra_length": model.max_length,
-        "token_rules": {
-            "never": [0] + [words[0] + ID_OFFSET for words in generation.get("bad_words_ids") or ()],
-            "forced_first": None if forced_first is None else forced_first + ID_OFFSET,
-            "end_at_limit": forced_end is not None,
-            "renormalize": bool(generation.get("renormalize_logits", False)),
-        },
-    }
+        max_extra_length=model.max_length,
+        token_rules=TokenRules(
+            never=(0, *(words[0] + ID_OFFSET for words in generation.get("bad_words_ids") or ())),
+            forced_first=None if forced_first is None else forced_first + ID_OFFSET,
+            end_at_limit=forced_end is not None,
+            renormalize=bool(generation.get("renormalize_logits", False)),
+        ),
+    )
 
 
 def load(checkpoint_dir, source_lang=None, target_lang=None):
@@ -159,8 +161,9 @@ def load(checkpoint_dir, source_lang=None, target_lang=None):
     if target_tokenizer.prefix_ids:
         # A target side framed by its language's token starts every output with it (M2M100's
         # forced_bos_token_id, which Hugging Face users pass to generate themselves).
-        decoding["token_rules"]["forced_first"] = target_tokenizer.prefix_ids[0]
-    if decoding["token_rules"]["forced_first"] is None and target_tokenizer.start_id is None:
+        decoding = decoding.replace(
+            token_rules=dataclasses.replace(decoding.token_rules, forced_first=target_tokenizer.prefix_ids[0]))
+    if decoding.token_rules.forced_first is None and target_tokenizer.start_id is None:
         raise CheckpointError("the checkpoint names no decoder_start_token_id")
     read = WeightReader(read_weights(checkpoint_dir))
     family.assign_weights(model, read, config)
@@ -171,17 +174,9 @@ def load(checkpoint_dir, source_lang=None, target_lang=None):
     return Pretrained(model, source_tokenizer, target_tokenizer, decoding)
 
 
-def translator_arguments(decoding):
-    """`Translator` keyword arguments from `decoding_settings` (the token rules as `inference.TokenRules`)."""
-    from keras_transformer.inference import TokenRules
-
-    arguments = dict(decoding)
-    arguments["rules"] = TokenRules(**{**arguments.pop("token_rules"), "never": tuple(decoding["token_rules"]["never"])})
-    return arguments
-
-
 def load_translator(checkpoint_dir, source_lang=None, target_lang=None, **overrides):
-    """A ready `inference.Translator` for a Hugging Face checkpoint directory (`overrides`: e.g. `beam_size=1`).
+    """A ready `inference.Translator` for a Hugging Face checkpoint directory (`overrides` of its
+    `DecodingSettings`: e.g. `beam_size=1`).
 
     Example:
     >>> translator = load_translator("opus-mt-en-de/")
@@ -190,7 +185,7 @@ def load_translator(checkpoint_dir, source_lang=None, target_lang=None, **overri
     from keras_transformer.inference import Translator
 
     model, source_tokenizer, target_tokenizer, decoding = load(checkpoint_dir, source_lang, target_lang)
-    return Translator(model, source_tokenizer, target_tokenizer, **{**translator_arguments(decoding), **overrides})
+    return Translator(model, source_tokenizer, target_tokenizer, decoding.replace(**overrides))
 
 
 __all__ = ["CheckpointError", "FAMILIES", "Pretrained", "decoding_settings", "load", "load_translator"]

@@ -185,7 +185,7 @@ def import_checkpoint(checkpoint_dir, run_dir, source_lang=None, target_lang=Non
         "tokenizer": {"kind": PRETRAINED_TOKENIZERS, "shared": False},
         "model": {"preset": None, **model_config},
         "training": {"epochs": 0, "max_length": model.max_length, "precision": "float32"},
-        "evaluation": decoding,
+        "evaluation": decoding.to_config(),
         "pretrained": {"checkpoint": os.path.abspath(checkpoint_dir), "source_lang": source_lang,
                        "target_lang": target_lang},
     })
@@ -454,9 +454,20 @@ def load_config(run_dir):
     return runs.load_config(run_dir, DEFAULTS[TRANSLATION])
 
 
-def load_translator(run_dir, beam_size=None, length_alpha=None, max_extra_length=None, max_output_length=None,
-                    precision=runs.INFERENCE_PRECISION):
-    """The run's model and tokenizers as a `Translator` (settings default to the config's).
+def decoding_settings(config, beam_size=None, length_alpha=None, max_extra_length=None, max_output_length=None):
+    """The run's `inference.DecodingSettings` (its config's `evaluation`), with the options given on top.
+
+    An imported run's are its checkpoint's, written there at import.
+    """
+    settings = inference.DecodingSettings.from_config(config["evaluation"])
+    penalty = None if length_alpha is None else dataclasses.replace(settings.length_penalty, alpha=length_alpha)
+    return settings.replace(beam_size=beam_size or None, length_penalty=penalty, max_extra_length=max_extra_length,
+                            max_output_length=max_output_length or None)
+
+
+def load_translator(run_dir, precision=runs.INFERENCE_PRECISION, **options):
+    """The run's model and tokenizers as a `Translator`: its decoding settings with `options` on top
+    (`beam_size`, `length_alpha`, `max_extra_length`, `max_output_length`: see `decoding_settings`).
 
     The model computes in `precision`: float32 unless asked otherwise, whatever
     the run trained in (`run_dir.load_trained_model`), as every road that
@@ -468,25 +479,7 @@ def load_translator(run_dir, beam_size=None, length_alpha=None, max_extra_length
         run_dir, lambda: build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size),
         precision=precision,
     )
-    settings = config["evaluation"]
-    # A pretrained checkpoint's decoding rules (`pretrained.decoding_settings`); our own runs have none.
-    checkpoint_rules = {}
-    if settings.get("token_rules"):
-        from keras_transformer.pretrained import translator_arguments
-
-        rule_names = ("rules", "length_penalty_kind", "stop_when_beam_full", "keep_greedy")
-        # (A run imported before keep_greedy was recorded keeps the greedy path, as it did then.)
-        checkpoint_rules = {name: value for name, value in translator_arguments(settings).items() if name in rule_names}
-    return inference.Translator(
-        model,
-        source_tokenizer,
-        target_tokenizer,
-        beam_size=beam_size or settings["beam_size"],
-        length_alpha=settings["length_alpha"] if length_alpha is None else length_alpha,
-        max_extra_length=settings["max_extra_length"] if max_extra_length is None else max_extra_length,
-        max_output_length=max_output_length or settings.get("max_output_length"),
-        **checkpoint_rules,
-    )
+    return inference.Translator(model, source_tokenizer, target_tokenizer, decoding_settings(config, **options))
 
 
 def evaluate(run_dir, split="val", beam_size=None, batch_size=None, length_alpha=None, tsv=None,
@@ -508,9 +501,8 @@ def evaluate(run_dir, split="val", beam_size=None, batch_size=None, length_alpha
     with open(path, "w", encoding="utf-8") as file:
         file.write("\n".join(hypotheses) + "\n")
     scores = evaluation.translation_scores(hypotheses, [target for _, target in pairs])
-    scores.update(
-        beam_size=translator.beam_size, length_alpha=translator.length_alpha, seconds=round(seconds, 1), hypotheses=path
-    )
+    scores.update(beam_size=translator.settings.beam_size, length_alpha=translator.settings.length_penalty.alpha,
+                  seconds=round(seconds, 1), hypotheses=path)
     runs.update_metrics(run_dir, {split: scores})
     samples = [
         {"source": source, "reference": reference, "translation": hypothesis}
