@@ -52,7 +52,7 @@ def prompts(batch, length, vocab_size, seed=0):
 
 def ours(size, batch, prompt_length, new_tokens, mode, jit_compile=False):
     import keras_transformer as kt
-    from keras_transformer.inference import language_model_prefill, language_model_step, sample
+    from keras_transformer.inference import SamplingSettings, language_model_prefill, language_model_step, sample
 
     keras.utils.set_random_seed(0)
     model = kt.models.LanguageModel(**size, dropout=0.0, norm_first=True, activation="gelu", position="learned")
@@ -64,8 +64,8 @@ def ours(size, batch, prompt_length, new_tokens, mode, jit_compile=False):
     def generate(token_ids):
         step_fn, cache = language_model_step(model, batch, prompt_length + new_tokens)
         # End id -1: no token ends a text, as keras-hub is given no stop token.
-        return sample(step_fn, cache, token_ids, lengths, new_tokens, end_id=-1,
-                      prefill_fn=language_model_prefill(model), **settings)[0]
+        return sample(step_fn, cache, token_ids, lengths, -1, SamplingSettings(new_tokens, **settings),
+                      prefill_fn=language_model_prefill(model))[0]
 
     return model.count_params(), lambda token_ids: generate(tf.constant(token_ids))
 

@@ -8,7 +8,13 @@ import pytest
 import tensorflow as tf
 
 import keras_transformer as kt
-from keras_transformer.inference import filter_logits, language_model_prefill, language_model_step, sample
+from keras_transformer.inference import (
+    SamplingSettings,
+    filter_logits,
+    language_model_prefill,
+    language_model_step,
+    sample,
+)
 
 pytestmark = pytest.mark.tensorflow  # the sampler is TensorFlow ops (tf.while_loop), as the searches
 
@@ -55,11 +61,12 @@ def prompts_of(rows):
 
 def run(model, rows, use_cache=True, **settings):
     prompts, lengths = prompts_of(rows)
-    new = settings.pop("max_new_tokens", 8)
-    step_fn, cache = language_model_step(model, len(rows), prompts.shape[1] + new, use_cache=use_cache)
+    settings = SamplingSettings(**{"max_new_tokens": 8, **settings})
+    step_fn, cache = language_model_step(model, len(rows), prompts.shape[1] + settings.max_new_tokens,
+                                         use_cache=use_cache)
     # The cached run reads the prompts' shared positions in one pass; the reference, one position a step.
-    tokens, text_lengths = sample(step_fn, cache, prompts, lengths, new, END, never=(0, 1, 2),
-                                  prefill_fn=language_model_prefill(model) if use_cache else None, **settings)
+    tokens, text_lengths = sample(step_fn, cache, prompts, lengths, END, settings, never=(0, 1, 2),
+                                  prefill_fn=language_model_prefill(model) if use_cache else None)
     return [list(row[:length]) for row, length in zip(tokens.numpy(), text_lengths.numpy())]
 
 
@@ -112,8 +119,8 @@ def test_draws_follow_the_softmax_of_the_filtered_logits():
 
     @tf.function
     def text(top_k):
-        return sample(step_fn, tf.zeros([1, 1]), tf.fill([1, 1], 2), tf.ones([1], tf.int32), draws, END, seed=5,
-                      never=(), top_k=top_k)[0]
+        return sample(step_fn, tf.zeros([1, 1]), tf.fill([1, 1], 2), tf.ones([1], tf.int32), END,
+                      SamplingSettings(draws, seed=5, top_k=top_k), never=())[0]
 
     for top_k, expected in ((None, [0.5, 0.3, 0.2, 0.0]), (2, [0.625, 0.375, 0.0, 0.0])):
         frequencies = np.bincount(text(top_k).numpy()[0, 1:], minlength=4) / draws
@@ -133,7 +140,7 @@ def test_top_k_1_and_a_tiny_top_p_are_greedy_and_end_stops_a_text():
         return tf.one_hot(tf.fill(tf.shape(tokens), END), VOCAB) * 10.0, cache
 
     prompts, lengths = prompts_of([[2, 5, 6], [2]])
-    tokens, text_lengths = sample(step_fn, tf.zeros([2, 1]), prompts, lengths, 5, END, seed=0, top_k=1)
+    tokens, text_lengths = sample(step_fn, tf.zeros([2, 1]), prompts, lengths, END, SamplingSettings(5, top_k=1))
     assert tokens.numpy().tolist() == [[2, 5, 6, END, 0, 0, 0, 0], [2, END, 0, 0, 0, 0, 0, 0]]
     assert text_lengths.numpy().tolist() == [4, 2]
 

@@ -49,6 +49,7 @@ import tempfile
 import tensorflow as tf
 
 from keras_transformer.inference.generator import framed_prompts
+from keras_transformer.inference.sampling import SamplingSettings
 from keras_transformer.layers.cached_attention import cache_writes_for_litert
 from keras_transformer.on_device import MODEL_FILE, SETTINGS_FILE  # where the runner reads them
 from keras_transformer.saving import directory_written_whole, write_json
@@ -412,8 +413,8 @@ class LiteRTGeneration(LiteRTService):
         top_p = tf.where((top_p > 0) & (top_p <= 1), top_p, 1.0)
         prompts, prompt_lengths = framed_prompts(self.source.pieces(text), generator.tokenizer.start_id,
                                                  max_length - max_new_tokens)
-        tokens, lengths = generator.sample(prompts, prompt_lengths, seed, tf.maximum(temperature, 0.0),
-                                           tf.maximum(top_k, 0), top_p, max_new_tokens)
+        settings = SamplingSettings(max_new_tokens, tf.maximum(temperature, 0.0), tf.maximum(top_k, 0), top_p, seed)
+        tokens, lengths = generator.sample(prompts, prompt_lengths, settings)
         # Padded to the model's length: the detokenizer's string join needs its width when traced.
         tokens = tf.reshape(tf.pad(tokens, [[0, 0], [0, max_length - tf.shape(tokens)[1]]]), [-1, max_length])
         outputs = generator.outputs(tokens, lengths, prompt_lengths)

@@ -6,7 +6,7 @@ require_tensorflow("keras_transformer.inference", "its searches run the model in
 
 from keras_transformer.inference.settings import STOP_RULES, DecodingSettings, LengthPenalty, TokenRules
 from keras_transformer.inference.search import beam_search, greedy_search, higher_scoring, num_steps
-from keras_transformer.inference.sampling import filter_logits, sample
+from keras_transformer.inference.sampling import SamplingSettings, filter_logits, sample
 from keras_transformer.inference.steps import (
     language_model_prefill,
     language_model_step,
@@ -22,6 +22,7 @@ __all__ = [
     "STOP_RULES",
     "DecodingSettings",
     "LengthPenalty",
+    "SamplingSettings",
     "TokenRules",
     "Generator",
     "Translator",

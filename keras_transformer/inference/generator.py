@@ -12,7 +12,7 @@ settings may be tensors, which is how the export takes them per request.
 
 import tensorflow as tf
 
-from keras_transformer.inference.sampling import sample
+from keras_transformer.inference.sampling import SamplingSettings, sample
 from keras_transformer.text.portable import dense_rows
 from keras_transformer.inference.steps import language_model_prefill, language_model_step
 
@@ -108,20 +108,17 @@ class Generator(tf.Module):
         if not any(tf.is_tensor(value) for value in settings.values()):  # tensors: the export checks them in the graph
             check_settings(**settings, max_length=self.model.max_length)
         prompts, prompt_lengths = self.prompt_ids(texts, settings["max_new_tokens"])
-        tokens, lengths = self.sample(prompts, prompt_lengths, seed, **settings)
+        tokens, lengths = self.sample(prompts, prompt_lengths, SamplingSettings(**settings, seed=seed))
         # The sampler's buffer has room for the longest allowed text; keep the columns used.
         return self.outputs(tokens[:, : tf.reduce_max(tf.concat([lengths, [1]], axis=0))], lengths, prompt_lengths)
 
-    def sample(self, prompts, prompt_lengths, seed, temperature, top_k, top_p, max_new_tokens):
-        """`(tokens, lengths)` of `sampling.sample` on the model's key/value cache, the tokenizer's rules."""
+    def sample(self, prompts, prompt_lengths, settings):
+        """`(tokens, lengths)` of `sampling.sample` with `settings` on the model's key/value cache, the tokenizer's rules."""
         rows, width = tf.shape(prompts)[0], tf.shape(prompts)[1]
-        step_fn, cache = language_model_step(self.model, rows, width + max_new_tokens)
+        step_fn, cache = language_model_step(self.model, rows, width + settings.max_new_tokens)
         tokenizer = self.tokenizer
-        return sample(
-            step_fn, cache, prompts, prompt_lengths, max_new_tokens, tokenizer.end_id, seed=seed,
-            temperature=temperature, top_k=top_k, top_p=top_p, never=(tokenizer.pad_id, tokenizer.start_id),
-            prefill_fn=language_model_prefill(self.model),
-        )
+        return sample(step_fn, cache, prompts, prompt_lengths, tokenizer.end_id, settings,
+                      never=(tokenizer.pad_id, tokenizer.start_id), prefill_fn=language_model_prefill(self.model))
 
     def outputs(self, tokens, lengths, prompt_lengths):
         """The texts of sampled `tokens`: the whole text, what follows the prompt, and how many tokens that is.

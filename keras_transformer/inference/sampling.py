@@ -26,9 +26,25 @@ hashed uniform noise, `_draw`): the same seed and batch give the same
 text, in a graph or out, under XLA and in a LiteRT file.
 """
 
+import collections
+
 import tensorflow as tf
 
 from keras_transformer.inference.search import NEG_INF, loop_shapes, write_column
+
+
+class SamplingSettings(collections.namedtuple(
+        "SamplingSettings", ["max_new_tokens", "temperature", "top_k", "top_p", "seed"],
+        defaults=(1.0, None, None, 0))):
+    """How to sample a continuation; each setting a Python number or a scalar tensor (an export's request).
+
+    max_new_tokens: tokens to add at most, [END] included.
+    temperature, top_k, top_p: see `filter_logits`; temperature 0 is greedy.
+    seed: an integer: the same seed, the same texts.
+
+    Example:
+    >>> SamplingSettings(max_new_tokens=30, top_p=0.9, seed=1)
+    """
 
 
 def filter_logits(logits, temperature=1.0, top_k=None, top_p=None):
@@ -64,20 +80,7 @@ def filter_logits(logits, temperature=1.0, top_k=None, top_p=None):
     return logits
 
 
-def sample(
-    step_fn,
-    cache,
-    prompts,
-    prompt_lengths,
-    max_new_tokens,
-    end_id,
-    seed=0,
-    temperature=1.0,
-    top_k=None,
-    top_p=None,
-    never=(0,),
-    prefill_fn=None,
-):
+def sample(step_fn, cache, prompts, prompt_lengths, end_id, settings, never=(0,), prefill_fn=None):
     """Continue each prompt with tokens drawn from the model.
 
     Args:
@@ -87,11 +90,9 @@ def sample(
             `prompt width + max_new_tokens` positions.
         prompts: `(rows, width)` int32, each right-padded with 0; at least one token each.
         prompt_lengths: `(rows,)` int32, each prompt's tokens.
-        max_new_tokens: tokens to add at most, [END] included.
         end_id: the token that ends a text.
-        seed: an integer: the same seed, the same texts.
-        temperature, top_k, top_p: see `filter_logits`; temperature 0 is greedy.
-            Each a Python number or a scalar tensor.
+        settings: the `SamplingSettings` (new tokens at most, temperature,
+            top-k, top-p, seed).
         never: ids never drawn (padding; a [START] token).
         prefill_fn: `(tokens, cache) -> cache`, filling the cache with a
             `(rows, n)` block of tokens in one pass (`language_model_prefill`);
@@ -104,8 +105,10 @@ def sample(
 
     Example:
     >>> step_fn, cache = language_model_step(model, batch_size=2, max_length=40)
-    >>> tokens, lengths = sample(step_fn, cache, prompts, prompt_lengths, 30, end_id, seed=1, top_p=0.9)
+    >>> settings = SamplingSettings(max_new_tokens=30, top_p=0.9, seed=1)
+    >>> tokens, lengths = sample(step_fn, cache, prompts, prompt_lengths, end_id, settings)
     """
+    max_new_tokens, temperature, top_k, top_p, seed = settings
     prompts = tf.convert_to_tensor(prompts, tf.int32)
     prompt_lengths = tf.convert_to_tensor(prompt_lengths, tf.int32)
     rows, width = tf.shape(prompts)[0], tf.shape(prompts)[1]
