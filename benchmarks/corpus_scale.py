@@ -104,8 +104,8 @@ def input_speed(run_dir, batches=300, steps=8):
     shards = data.TokenShards(directory, json.loads(Path(directory, "manifest.json").read_text()))
     settings = config["training"]
     batches_of = data.make_translation_batches(
-        shards, source_tokenizer, target_tokenizer, max_length=settings["max_length"],
-        tokens_per_batch=settings["tokens_per_batch"], shuffle=True, seed=0,
+        shards, source_tokenizer, target_tokenizer,
+        data.Batching(settings["max_length"], tokens_per_batch=settings["tokens_per_batch"]), shuffle=True, seed=0,
     )
     iterator = iter(batches_of.dataset.repeat())
     next(iterator)  # the shuffle buffer fills first

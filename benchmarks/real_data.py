@@ -95,7 +95,7 @@ def real_rate(config, pairs, tokenizer, steps):
 
     settings = config["training"]
     batches = data.make_translation_batches(
-        pairs, tokenizer, tokenizer, settings["max_length"], tokens_per_batch=settings["tokens_per_batch"],
+        pairs, tokenizer, tokenizer, data.Batching(settings["max_length"], tokens_per_batch=settings["tokens_per_batch"]),
         shuffle=True, seed=settings["seed"],
     )
     # The batches fit will see (the order is the epoch's: epoch 0), counted first.
@@ -187,7 +187,7 @@ def _epoch_target_tokens(config, pairs, tokenizer):
 
     settings = config["training"]
     batches = data.make_translation_batches(
-        pairs, tokenizer, tokenizer, settings["max_length"], tokens_per_batch=settings["tokens_per_batch"],
+        pairs, tokenizer, tokenizer, data.Batching(settings["max_length"], tokens_per_batch=settings["tokens_per_batch"]),
         shuffle=False,
     )
     return sum(int(np.count_nonzero(labels.numpy())) for _, labels in batches.dataset)

@@ -189,7 +189,7 @@ def test_a_damaged_partial_or_stale_shard_set_is_named_and_tokenized_again(
 
 def test_batches_from_shards_count_exactly_and_hold_the_in_memory_batches_pairs(sharded_corpus, tokenizers, tmp_path):
     shards = data.tokenize_once(str(tmp_path / "t"), sharded_corpus.line_batches(), *tokenizers, {}, num_shards=3)
-    settings = dict(max_length=8, tokens_per_batch=24, shuffle=True, seed=4, shuffle_buffer=5)
+    settings = dict(batching=data.Batching(8, tokens_per_batch=24, shuffle_buffer=5), shuffle=True, seed=4)
     from_shards = data.make_translation_batches(shards, *tokenizers, **settings)
     in_memory = data.make_translation_batches(list(zip(SOURCES, TARGETS)), *tokenizers, **settings)
     assert from_shards.num_pairs == in_memory.num_pairs and from_shards.num_dropped == in_memory.num_dropped

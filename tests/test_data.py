@@ -142,7 +142,7 @@ def tokenizers(corpus):
 
 
 def test_batches_respect_the_token_budget(corpus, tokenizers):
-    batches = data.make_translation_batches(corpus["val"], *tokenizers, max_length=40, tokens_per_batch=600, seed=1)
+    batches = data.make_translation_batches(corpus["val"], *tokenizers, data.Batching(40, tokens_per_batch=600), seed=1)
     rows = 0
     for (source, target_input), labels in batches.dataset:
         padded_length = max(source.shape[1], target_input.shape[1])
@@ -154,7 +154,7 @@ def test_batches_respect_the_token_budget(corpus, tokenizers):
 
 def test_teacher_forcing_shifts_the_target(corpus, tokenizers):
     source_tokenizer, target_tokenizer = tokenizers
-    batches = data.make_translation_batches(corpus["val"][:4], *tokenizers, max_length=40, batch_size=4, shuffle=False)
+    batches = data.make_translation_batches(corpus["val"][:4], *tokenizers, data.Batching(40, batch_size=4), shuffle=False)
     (source, target_input), labels = next(iter(batches.dataset))
     expected_target = target_tokenizer.tokenize([t for _, t in corpus["val"][:4]]).to_tensor().numpy()
     np.testing.assert_array_equal(target_input.numpy()[:, 0], target_tokenizer.start_id)
@@ -168,11 +168,11 @@ def test_teacher_forcing_shifts_the_target(corpus, tokenizers):
 
 def test_long_pairs_are_dropped_or_truncated_and_counted(corpus, tokenizers):
     pairs = corpus["val"][:200]
-    dropped = data.make_translation_batches(pairs, *tokenizers, max_length=12, batch_size=16)
+    dropped = data.make_translation_batches(pairs, *tokenizers, data.Batching(12, batch_size=16))
     assert dropped.num_dropped > 0 and dropped.num_pairs + dropped.num_dropped == 200
     kept = sum(int(s.shape[0]) for (s, _), _ in dropped.dataset)
     assert kept == dropped.num_pairs
-    truncated = data.make_translation_batches(pairs, *tokenizers, max_length=12, batch_size=16, long_pairs="truncate")
+    truncated = data.make_translation_batches(pairs, *tokenizers, data.Batching(12, batch_size=16, long_pairs="truncate"))
     assert truncated.num_truncated == dropped.num_dropped and truncated.num_pairs == 200
     end_id = tokenizers[1].end_id
     for (source, target_input), labels in truncated.dataset:
@@ -191,19 +191,19 @@ def test_long_pairs_are_dropped_or_truncated_and_counted(corpus, tokenizers):
         (dict(max_length=2, batch_size=8), "max_length must leave room"),
     ],
 )
-def test_bad_batching_arguments(corpus, tokenizers, arguments, message):
+def test_bad_batching_arguments(arguments, message):
     with pytest.raises(ValueError, match=message):
-        data.make_translation_batches(corpus["val"][:10], *tokenizers, **arguments)
+        data.Batching(**arguments)
 
 
 def test_every_pair_too_long_is_an_error(tokenizers):
     with pytest.raises(ValueError, match="every pair is longer"):
-        data.make_translation_batches([("a " * 50, "b " * 50)], *tokenizers, max_length=5, batch_size=2)
+        data.make_translation_batches([("a " * 50, "b " * 50)], *tokenizers, data.Batching(5, batch_size=2))
 
 
 def test_no_pairs_is_an_error(tokenizers):
     with pytest.raises(ValueError, match="no sentence pairs"):
-        data.make_translation_batches([], *tokenizers, max_length=5, batch_size=2)
+        data.make_translation_batches([], *tokenizers, data.Batching(5, batch_size=2))
 
 
 def test_shared_data_environment_is_not_required():
@@ -212,7 +212,7 @@ def test_shared_data_environment_is_not_required():
 
 def test_batches_split_evenly_between_replicas(corpus, tokenizers):
     batches = data.make_translation_batches(
-        corpus["val"][:300], *tokenizers, max_length=40, tokens_per_batch=500, batch_multiple=2, seed=3
+        corpus["val"][:300], *tokenizers, data.Batching(40, tokens_per_batch=500, batch_multiple=2), seed=3
     )
     sizes = [int(labels.shape[0]) for _, labels in batches.dataset]
     assert all(size % 2 == 0 and size > 0 for size in sizes)
@@ -229,7 +229,7 @@ def test_batches_split_evenly_between_replicas(corpus, tokenizers):
 )
 def test_an_epoch_has_as_many_batches_as_keras_is_told(corpus, tokenizers, pairs, arguments):
     # Keras shows the count in its progress bar and stops each epoch there.
-    batches = data.make_translation_batches(corpus["val"][:pairs], *tokenizers, seed=3, **arguments)
+    batches = data.make_translation_batches(corpus["val"][:pairs], *tokenizers, data.Batching(**arguments), seed=3)
     assert batches.dataset.cardinality().numpy() == batches.num_batches
     for _ in range(2):  # every epoch's order gives the same count
         assert sum(1 for _ in batches.dataset) == batches.num_batches

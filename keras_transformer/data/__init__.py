@@ -29,7 +29,9 @@ from keras_transformer.data.streaming import PairsInMemory, ParallelText, Split
 from keras_transformer.data.token_shards import TokenShards, open_token_shards, tokenize_once
 from keras_transformer.data.pipeline import (
     SHUFFLE_BUFFER,
+    Batching,
     TranslationBatches,
+    WorkerShare,
     count_batches,
     each_epoch,
     pair_counts,
@@ -45,6 +47,8 @@ __all__ = [
     "PairsInMemory",
     "ParallelText",
     "SHUFFLE_BUFFER",
+    "Batching",
+    "WorkerShare",
     "Split",
     "TokenShards",
     "count_batches",

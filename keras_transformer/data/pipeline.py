@@ -42,6 +42,54 @@ class TranslationBatches:
     num_batches: int = None  # batches in one pass (the dataset's cardinality)
 
 
+@dataclasses.dataclass(frozen=True)
+class Batching:
+    """How pairs are grouped into batches; settings that cannot make batches are refused in one line.
+
+    Args:
+        max_length: longest sequence in tokens, [START]/[END] included.
+        tokens_per_batch: token budget per batch (rows x padded length, the
+            longer of source and target); pairs are grouped by length.
+        batch_size: a fixed number of pairs per batch instead (give one of the two).
+        long_pairs: "drop" pairs longer than max_length, or "truncate" them.
+        batch_multiple: trim every batch to a multiple of this many rows (the
+            number of replicas), so each replica gets an equal share; Keras'
+            `fit` under MirroredStrategy fails on a first batch that splits
+            unevenly. At most batch_multiple - 1 pairs a batch are left out.
+        shuffle_buffer: pairs shuffled at a time (when shuffled); token
+            shards are also read in an order shuffled each epoch.
+
+    Example:
+    >>> Batching(max_length=100, tokens_per_batch=25_000)  # the paper's ~25k tokens a batch
+    """
+
+    max_length: int
+    tokens_per_batch: int = None
+    batch_size: int = None
+    long_pairs: str = "drop"
+    batch_multiple: int = 1
+    shuffle_buffer: int = SHUFFLE_BUFFER
+
+    def __post_init__(self):
+        _check_batching(self.max_length, self.tokens_per_batch, self.batch_size, self.long_pairs)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerShare:
+    """One worker's part of a cluster's epoch (multi-worker training).
+
+    shards: the token shards this worker reads.
+    pad_to_batches: end each epoch with empty batches up to this many (a
+        worker whose shards make fewer batches than another's).
+    epoch: the variable that sets each epoch's order (`each_epoch`), made
+        outside the strategy so that every worker's order follows it.
+    """
+
+    shards: range
+    pad_to_batches: int
+    epoch: tf.Variable = None
+
+
 # tf.data's autotuner runs an optimising thread beside every iterator, and
 # freeing an iterator waits for that thread. Keras frees the last epoch's
 # iterator as the next epoch starts; training the Multi30k recipe on a
@@ -68,56 +116,32 @@ def _length_buckets(max_length):
     return bounds
 
 
-def make_translation_batches(
-    pairs,
-    source_tokenizer,
-    target_tokenizer,
-    max_length,
-    tokens_per_batch=None,
-    batch_size=None,
-    long_pairs="drop",
-    shuffle=True,
-    seed=None,
-    batch_multiple=1,
-    shards=None,
-    shuffle_buffer=SHUFFLE_BUFFER,
-    pad_to_batches=None,
-    epoch=None,
-):
+def make_translation_batches(pairs, source_tokenizer, target_tokenizer, batching, shuffle=True, seed=None,
+                             worker=None):
     """Batches for training or evaluation from `(source, target)` string pairs, or from token shards.
 
     Args:
         pairs: a list of (source text, target text), tokenized here and kept
             in memory; or `TokenShards` (`data.token_shards`), the corpus
             tokenized once on disk by these tokenizers, read as it is needed.
-        source_tokenizer, target_tokenizer: `WordPieceTokenizer`s.
-        max_length: longest sequence in tokens, [START]/[END] included.
-        tokens_per_batch: token budget per batch (rows x padded length, the
-            longer of source and target); pairs are grouped by length.
-        batch_size: a fixed number of pairs per batch instead.
-        long_pairs: "drop" pairs longer than max_length, or "truncate" them.
+        source_tokenizer, target_tokenizer: the `text` tokenizers.
+        batching: a `Batching` (max_length, the token budget or batch size, ...).
         shuffle: shuffle pairs each epoch (training).
         seed: shuffling seed: with one, epoch e's order depends on `seed`
             and `e` alone (see `each_epoch`).
-        batch_multiple: trim every batch to a multiple of this many rows (the
-            number of replicas), so each replica gets an equal share; Keras'
-            `fit` under MirroredStrategy fails on a first batch that splits
-            unevenly. At most batch_multiple - 1 pairs a batch are left out.
-        shards: with `TokenShards`, read only these shards (a worker's share).
-        shuffle_buffer: pairs shuffled at a time; token shards are also read
-            in an order shuffled each epoch.
-        pad_to_batches: end each epoch with empty batches up to this many
-            (a worker of a cluster, whose shards make fewer batches than another's).
-        epoch: the variable that sets each epoch's order (`each_epoch`), to
-            use one made elsewhere; by default one is made here.
+        worker: with `TokenShards`, a `WorkerShare`: this worker's shards,
+            the batches every worker's epoch has, the shared epoch variable.
 
     Returns:
         `TranslationBatches`.
+
+    Example:
+    >>> batches = make_translation_batches(pairs, source, target, Batching(100, tokens_per_batch=25_000), seed=0)
     """
-    _check_batching(max_length, tokens_per_batch, batch_size, long_pairs)
-    tokenized, lengths, epoch = _tokenized_pairs(
-        pairs, source_tokenizer, target_tokenizer, shards, shuffle, seed, shuffle_buffer, epoch, pad_to_batches
-    )
+    max_length, long_pairs = batching.max_length, batching.long_pairs
+    pad_to_batches = worker.pad_to_batches if worker else None
+    tokenized, lengths, epoch = _tokenized_pairs(pairs, source_tokenizer, target_tokenizer, batching, shuffle, seed,
+                                                 worker)
     # What max_length costs (for the caller to report), and how many batches
     # an epoch has (for Keras' progress bar), from the lengths alone.
     counts = pair_counts(lengths, max_length, long_pairs)
@@ -130,8 +154,8 @@ def make_translation_batches(
         return (source, target[:-1]), target[1:]
 
     dataset = dataset.map(teacher_forcing, num_parallel_calls=tf.data.AUTOTUNE)
-    dataset = _batched(dataset, max_length, tokens_per_batch, batch_size, batch_multiple)
-    num_batches = _count_kept_batches(lengths, max_length, tokens_per_batch, batch_size, batch_multiple)
+    dataset = _batched(dataset, batching)
+    num_batches = _count_kept_batches(lengths, batching)
     if pad_to_batches is not None and pad_to_batches > num_batches:
         # Batches of no pairs: this worker takes part in steps that the
         # others still have data for (the loss divides by the global count
@@ -162,13 +186,14 @@ def _check_batching(max_length, tokens_per_batch, batch_size, long_pairs):
         raise ValueError(f"max_length must leave room for [START], a token and [END]; got {max_length}")
 
 
-def _tokenized_pairs(pairs, source_tokenizer, target_tokenizer, shards, shuffle, seed, shuffle_buffer, epoch,
-                     pad_to_batches):
+def _tokenized_pairs(pairs, source_tokenizer, target_tokenizer, batching, shuffle, seed, worker):
     """`(dataset of (source ids, target ids), their lengths, the epoch variable or None)`, shuffled when asked."""
+    shuffle_buffer, epoch = batching.shuffle_buffer, worker.epoch if worker else None
     if isinstance(pairs, TokenShards):
+        shards = worker.shards if worker else None
         lengths = pairs.lengths(shards)
         # A worker may have no pairs of its own; the caller checked that some worker has.
-        if not len(lengths) and pad_to_batches is None:
+        if not len(lengths) and worker is None:
             raise ValueError("no sentence pairs to batch")
         tokenized, epoch = _shard_pairs(pairs, shards, shuffle, seed, shuffle_buffer, epoch)
         return tokenized, lengths, epoch
@@ -207,14 +232,15 @@ def _within_max_length(tokenized, max_length, long_pairs, source_end_id, target_
     return tokenized.map(truncate)
 
 
-def _batched(dataset, max_length, tokens_per_batch, batch_size, batch_multiple):
+def _batched(dataset, batching):
     """Padded batches: `batch_size` pairs, or pairs of like length up to `tokens_per_batch` tokens;
     each trimmed to a multiple of `batch_multiple` rows."""
+    batch_size, batch_multiple = batching.batch_size, batching.batch_multiple
     padded_shapes = (([None], [None]), [None])
     if batch_size is not None:
         dataset = dataset.padded_batch(batch_size, padded_shapes=padded_shapes)
     else:
-        bounds, rows = _buckets(max_length, tokens_per_batch)
+        bounds, rows = _buckets(batching.max_length, batching.tokens_per_batch)
         dataset = dataset.bucket_by_sequence_length(
             element_length_func=lambda inputs, labels: tf.maximum(tf.size(inputs[0]), tf.size(labels)),
             bucket_boundaries=bounds,
@@ -247,10 +273,10 @@ def pair_counts(lengths, max_length, long_pairs="drop"):
     return dict(num_pairs=len(lengths), num_dropped=0, num_truncated=num_long)
 
 
-def count_batches(lengths, max_length, tokens_per_batch=None, batch_size=None, long_pairs="drop", batch_multiple=1):
-    """The number of batches `make_translation_batches` makes of pairs of these `(pairs, 2)` lengths."""
-    kept = _kept_lengths(np.asarray(lengths).reshape(-1, 2), max_length, long_pairs)
-    return _count_kept_batches(kept, max_length, tokens_per_batch, batch_size, batch_multiple)
+def count_batches(lengths, batching):
+    """The number of batches `make_translation_batches` makes with `batching` of pairs of these `(pairs, 2)` lengths."""
+    kept = _kept_lengths(np.asarray(lengths).reshape(-1, 2), batching.max_length, batching.long_pairs)
+    return _count_kept_batches(kept, batching)
 
 
 def _kept_lengths(lengths, max_length, long_pairs):
@@ -260,18 +286,18 @@ def _kept_lengths(lengths, max_length, long_pairs):
     return np.minimum(lengths, max_length)
 
 
-def _count_kept_batches(lengths, max_length, tokens_per_batch, batch_size, batch_multiple):
+def _count_kept_batches(lengths, batching):
     # Batching by length makes an epoch's number of batches unknown to
     # tf.data, though it does not depend on the order: every bucket fills
     # its batches and hands over what is left at the end of the epoch.
-    if batch_size is not None:
-        groups = [(len(lengths), batch_size)]  # (pairs, rows a batch)
+    if batching.batch_size is not None:
+        groups = [(len(lengths), batching.batch_size)]  # (pairs, rows a batch)
     else:
-        bounds, rows = _buckets(max_length, tokens_per_batch)
+        bounds, rows = _buckets(batching.max_length, batching.tokens_per_batch)
         # The same lengths (source, target without [START]) put in the same buckets.
         buckets = np.searchsorted(bounds, np.maximum(lengths[:, 0], lengths[:, 1] - 1), side="right")
         groups = [(count, rows[bucket]) for bucket, count in zip(*np.unique(buckets, return_counts=True))]
-    return sum(_batches_of(count, size, batch_multiple) for count, size in groups)
+    return sum(_batches_of(count, size, batching.batch_multiple) for count, size in groups)
 
 
 def _tokenized_in_memory(pairs, source_tokenizer, target_tokenizer):

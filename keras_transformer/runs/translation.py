@@ -350,7 +350,7 @@ def _train(config, run_dir, verbose, overwrite, chief_run_dir):
 
 def _training_batches(strategy, shards, source_tokenizer, target_tokenizer, settings):
     """`(the dataset fit trains on, its TranslationBatches, the validation TranslationBatches)`."""
-    batching = dict(
+    batching = data.Batching(
         max_length=settings["max_length"],
         tokens_per_batch=settings["tokens_per_batch"] if not settings["batch_size"] else None,
         batch_size=settings["batch_size"],
@@ -363,12 +363,11 @@ def _training_batches(strategy, shards, source_tokenizer, target_tokenizer, sett
         )
     else:
         train_batches = data.make_translation_batches(
-            shards["train"], source_tokenizer, target_tokenizer, shuffle=True, seed=settings["seed"], **batching
+            shards["train"], source_tokenizer, target_tokenizer, batching, shuffle=True, seed=settings["seed"]
         )
         train_dataset = train_batches.dataset.repeat() if settings["steps_per_epoch"] else train_batches.dataset
-    val_batches = data.make_translation_batches(
-        shards["val"], source_tokenizer, target_tokenizer, shuffle=False, **batching
-    )
+    val_batches = data.make_translation_batches(shards["val"], source_tokenizer, target_tokenizer, batching,
+                                                shuffle=False)
     skipped = ", ".join(f"{count} {problem}" for problem, count in shards["train"].skipped.items() if count)
     logger.info(
         "training pairs: %d kept, %d dropped and %d truncated for max_length=%d%s",
@@ -389,37 +388,34 @@ def _worker_batches(strategy, shards, source_tokenizer, target_tokenizer, settin
     batch size), so a step still trains on `tokens_per_batch` tokens in all.
     Every worker must take as many steps as the others: one whose shards
     make fewer batches ends its epoch with empty ones (see
-    `make_translation_batches`' `pad_to_batches`).
+    `data.WorkerShare`'s `pad_to_batches`).
     """
     import tensorflow as tf
 
     replicas = strategy.num_replicas_in_sync
-    share = dict(batching, batch_multiple=1)
-    if share["tokens_per_batch"]:
-        share["tokens_per_batch"] = share["tokens_per_batch"] // replicas
+    if batching.tokens_per_batch:
+        share = dataclasses.replace(batching, batch_multiple=1, tokens_per_batch=batching.tokens_per_batch // replicas)
     else:
-        share["batch_size"] = max(1, share["batch_size"] // replicas)
-    counting = {key: share[key] for key in ("max_length", "tokens_per_batch", "batch_size", "long_pairs")}
+        share = dataclasses.replace(batching, batch_multiple=1, batch_size=max(1, batching.batch_size // replicas))
     # One variable outside the strategy sets every epoch's order (an exact resume).
     epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="shuffle_epoch")
     made = []
     # The pairs of all workers together, as one process would report them.
-    totals = data.pair_counts(shards.lengths(), batching["max_length"], batching["long_pairs"])
+    totals = data.pair_counts(shards.lengths(), batching.max_length, batching.long_pairs)
     if totals["num_pairs"] == 0:
-        raise ValueError(f"every pair is longer than max_length={batching['max_length']} tokens")
+        raise ValueError(f"every pair is longer than max_length={batching.max_length} tokens")
 
     def this_worker(context, skip_steps):
         workers, worker = context.num_input_pipelines, context.input_pipeline_id
         local_replicas = replicas // workers
         most = max(
-            data.count_batches(shards.lengths(range(other, shards.num_shards, workers)), **counting)
+            data.count_batches(shards.lengths(range(other, shards.num_shards, workers)), share)
             for other in range(workers)
         )
-        batches = data.make_translation_batches(
-            shards, source_tokenizer, target_tokenizer, shuffle=True, seed=settings["seed"],
-            shards=range(worker, shards.num_shards, workers), epoch=epoch,
-            pad_to_batches=-(-most // local_replicas) * local_replicas, **share,
-        )
+        share_of_this_worker = data.WorkerShare(shards=range(worker, shards.num_shards, workers),
+                                                pad_to_batches=-(-most // local_replicas) * local_replicas, epoch=epoch)
+        batches = data.make_translation_batches(shards, source_tokenizer, target_tokenizer, share, shuffle=True,
+                                                seed=settings["seed"], worker=share_of_this_worker)
         made.append(batches)
         dataset = batches.dataset.repeat() if settings["steps_per_epoch"] else batches.dataset
         # A step takes one batch per local replica.

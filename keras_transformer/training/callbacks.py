@@ -133,7 +133,7 @@ class EpochSeeds(keras.callbacks.Callback):
             (`TranslationBatches.epoch`, `shuffle_each_epoch`'s).
 
     Example:
-    >>> batches = data.make_translation_batches(pairs, source, target, 64, batch_size=32, seed=0)
+    >>> batches = data.make_translation_batches(pairs, source, target, data.Batching(64, batch_size=32), seed=0)
     >>> model.fit(batches.dataset, epochs=10, callbacks=[EpochSeeds([batches.epoch]), backup])
     """
 
