@@ -22,7 +22,7 @@ from keras_transformer.runs.run_dir import written_by_this_process  # noqa: E402
 
 PAIRS = data.demo_corpus()["train"][:300]
 SETTINGS = {"seed": 3, "steps_per_epoch": None}
-BATCHING = dict(max_length=24, tokens_per_batch=256, batch_size=None, long_pairs="drop", batch_multiple=2)
+BATCHING = data.Batching(max_length=24, tokens_per_batch=256, batch_multiple=2)
 
 
 def write_pairs_seen(strategy, run_dir, out):

@@ -1,5 +1,6 @@
 """On-device exports: a run as one LiteRT file, run by the LiteRT interpreter as it is, with no TensorFlow op in it."""
 
+import dataclasses
 import itertools
 import json
 import subprocess
@@ -400,8 +401,8 @@ def test_a_tokenizer_litert_cannot_run_is_refused_in_one_line(tmp_path):
 
     translation.import_checkpoint(str(FIXTURES / "marian-shared-swish"), str(tmp_path / "run"))
     marian = translation.load_translator(str(tmp_path / "run")).source_tokenizer
-    settings = {**marian.settings, "word_by_word": True}
-    tokenizer = SentencePieceTokenizer(marian.model, list(marian.checkpoint_vocab), **settings)
+    settings = dataclasses.replace(marian.settings, word_by_word=True)
+    tokenizer = SentencePieceTokenizer(marian.model, list(marian.checkpoint_vocab), settings)
     with pytest.raises(ValueError, match="export a SavedModel or a CTranslate2 model instead") as refused:
         litert.LiteRTTokenizer(tokenizer, 64)
     assert "\n" not in str(refused.value)

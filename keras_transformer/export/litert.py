@@ -151,8 +151,8 @@ def _sentencepiece_segmenter(tokenizer, max_length):
 
     settings = tokenizer.settings
     # A BPE model (M2M100's, NLLB's): characters from the kernel, merges in the graph (`text.bpe_merges`).
-    bpe = BPEMerges(tokenizer.model, word_by_word=settings["word_by_word"]) if is_bpe(tokenizer.model) else None
-    if settings["word_by_word"] and bpe is None:
+    bpe = BPEMerges(tokenizer.model, word_by_word=settings.word_by_word) if is_bpe(tokenizer.model) else None
+    if settings.word_by_word and bpe is None:
         raise ValueError("the LiteRT export cannot run this checkpoint's tokenizer (a unigram model on text split "
                          "at every space): export a SavedModel or a CTranslate2 model instead")
     fast = text.FastSentencepieceTokenizer(bpe.character_model if bpe else tokenizer.model)
@@ -177,13 +177,13 @@ def _sentencepiece_segmenter(tokenizer, max_length):
             # A leading space is the first word's own "▁" (`_word_by_word`): the one put in front goes.
             symbols = tf.where(_starts_with_space(texts)[:, None],
                                tf.pad(symbols[:, 1:], [[0, 0], [0, 1]], constant_values=-1), symbols)
-        if settings["collapse_spaces"]:  # a run of spaces is one
+        if settings.collapse_spaces:  # a run of spaces is one
             spaces = symbols == bpe.word_start_id
             symbols, _ = left_aligned((symbols, spaces), spaces & tf.pad(spaces[:, :-1], [[0, 0], [1, 0]]))
         return _ragged_without(bpe.merge(bpe.first_pieces_only(symbols, max_length)), -1)
 
     def segment(texts):
-        if not settings.get("language_code_prefix"):
+        if not settings.language_code_prefix:
             return tf.ragged.map_flat_values(tf.gather, table, model_ids(texts))
         code, rest = _language_code_split(texts)
         code_ids = _code_ids(code, codes, tokenizer)

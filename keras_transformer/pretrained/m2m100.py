@@ -26,7 +26,7 @@ import re
 from keras_transformer.pretrained import settings
 from keras_transformer.pretrained.checkpoint import ADDED_TOKENS, SPECIAL_TOKENS_MAP, CheckpointError, read_json_file
 from keras_transformer.pretrained.weights import SHARED_EMBEDDINGS, assign_all, model_weights, shared_embeddings_name
-from keras_transformer.text.sentencepiece import SentencePieceTokenizer
+from keras_transformer.text.sentencepiece import SentencePieceSettings, SentencePieceTokenizer
 
 MODEL_TYPE = "m2m_100"
 SPM, VOCAB, TOKENIZER_CONFIG, TOKENIZER_JSON = (
@@ -90,17 +90,15 @@ def tokenizers(directory, config, source_lang=None, target_lang=None):
         unk_token=tokenizer_config.get("unk_token", "<unk>"), end_token=tokenizer_config.get("eos_token", "</s>"),
         pad_token=tokenizer_config.get("pad_token", "<pad>"),
         # Dropped from decoded text, as transformers 4 did (5.24 leaves "__de__" in it).
-        special_tokens=["<s>"] + language_tokens,
+        special_tokens=("<s>", *language_tokens),
         # What a request may name in an export's `translate_between`: the codes, as --target-lang takes them.
         languages={code: token for code, token in zip(codes, language_tokens)},
     )
-    source = SentencePieceTokenizer(
-        model, vocab, prefix_tokens=[_language_token(source_lang, codes, "source")], **special
-    )
-    target = SentencePieceTokenizer(
-        model, vocab, start_token=vocab[config["decoder_start_token_id"]],
-        prefix_tokens=[_language_token(target_lang, codes, "target")], **special,
-    )
+    source = SentencePieceTokenizer(model, vocab, SentencePieceSettings(
+        prefix_tokens=(_language_token(source_lang, codes, "source"),), **special))
+    target = SentencePieceTokenizer(model, vocab, SentencePieceSettings(
+        start_token=vocab[config["decoder_start_token_id"]],
+        prefix_tokens=(_language_token(target_lang, codes, "target"),), **special))
     return source, target
 
 
@@ -136,13 +134,12 @@ def _nllb_tokenizers(directory, config, tokenizer_config, source_lang, target_la
     model = settings.read_bytes(directory, SPM, f"{SPM} and {TOKENIZER_JSON}")
     # tokenizers' pipeline around the BPE: Metaspace splits at every space; the normalizer may collapse runs.
     normalizers = json.dumps(numbered.get("normalizer"))
-    special = dict(unk_token="<unk>", end_token="</s>", pad_token="<pad>", special_tokens=specials,
+    special = dict(unk_token="<unk>", end_token="</s>", pad_token="<pad>", special_tokens=tuple(specials),
                    strip_trailing_space=False, word_by_word=True, collapse_spaces=" {2,}" in normalizers,
                    languages={code: code for code in languages})
-    source = SentencePieceTokenizer(model, vocab, prefix_tokens=[source_lang], **special)
-    target = SentencePieceTokenizer(
-        model, vocab, start_token=vocab[config["decoder_start_token_id"]], prefix_tokens=[target_lang], **special
-    )
+    source = SentencePieceTokenizer(model, vocab, SentencePieceSettings(prefix_tokens=(source_lang,), **special))
+    target = SentencePieceTokenizer(model, vocab, SentencePieceSettings(
+        start_token=vocab[config["decoder_start_token_id"]], prefix_tokens=(target_lang,), **special))
     return source, target
 
 

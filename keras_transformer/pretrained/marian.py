@@ -27,7 +27,7 @@ from keras_transformer.pretrained.checkpoint import (
 )
 from keras_transformer.saving import write_json
 from keras_transformer.pretrained.weights import SHARED_EMBEDDINGS, assign_all, model_weights, shared_embeddings_name
-from keras_transformer.text.sentencepiece import ID_OFFSET, SentencePieceTokenizer
+from keras_transformer.text.sentencepiece import ID_OFFSET, SentencePieceSettings, SentencePieceTokenizer
 
 MODEL_TYPE = "marian"
 SOURCE_SPM, TARGET_SPM, VOCAB, TARGET_VOCAB = "source.spm", "target.spm", "vocab.json", "target_vocab.json"
@@ -72,7 +72,7 @@ def tokenizers(directory, config, source_lang=None, target_lang=None):
     special = dict(
         unk_token=tokenizer_config.get("unk_token", "<unk>"),
         end_token=tokenizer_config.get("eos_token", "</s>"),
-        special_tokens=tokenizer_config.get("additional_special_tokens") or (),
+        special_tokens=tuple(tokenizer_config.get("additional_special_tokens") or ()),
         language_code_prefix=True,
     )
     prefix = ()
@@ -87,15 +87,14 @@ def tokenizers(directory, config, source_lang=None, target_lang=None):
             )
         prefix = (code,)
     source_model = settings.read_bytes(directory, SOURCE_SPM, TOKENIZER_FILES)
-    source = SentencePieceTokenizer(
-        source_model, source_vocab, pad_token=tokenizer_config.get("pad_token", "<pad>"), prefix_tokens=prefix,
-        **special,
-    )
-    start = target_vocab[config["decoder_start_token_id"]]
+    source = SentencePieceTokenizer(source_model, source_vocab, SentencePieceSettings(
+        pad_token=tokenizer_config.get("pad_token", "<pad>"), prefix_tokens=prefix, **special))
+    target_settings = SentencePieceSettings(start_token=target_vocab[config["decoder_start_token_id"]],
+                                            pad_token=target_vocab[config["pad_token_id"]], **special)
     target = SentencePieceTokenizer(
-        settings.read_bytes(directory, TARGET_SPM, TOKENIZER_FILES), target_vocab, start_token=start, pad_token=target_vocab[config["pad_token_id"]],
+        settings.read_bytes(directory, TARGET_SPM, TOKENIZER_FILES), target_vocab, target_settings,
         # A shared vocabulary decodes with the source side's model, as MarianTokenizer.decode does.
-        decode_model=None if separate else source_model, **special,
+        decode_model=None if separate else source_model,
     )
     return source, target
 

@@ -22,7 +22,7 @@ from keras_transformer.text.tokenizer import (
     WordPieceTokenizer,
     normalize,
 )
-from keras_transformer.text.sentencepiece import SentencePieceTokenizer
+from keras_transformer.text.sentencepiece import SentencePieceSettings, SentencePieceTokenizer
 from keras_transformer.saving import read_json
 
 
@@ -36,4 +36,4 @@ def load_tokenizer(directory):
         return SentencePieceTokenizer.load(directory, settings)
     return WordPieceTokenizer.load(directory)
 
-__all__ = ["CLASSIFIER_TOKENS", "CLS", "MASK", "PRETRAINING_TOKENS", "TOKENIZER_SETTINGS", "VOCAB_FILE", "END", "PAD", "RESERVED_TOKENS", "START", "UNK", "WordPieceTokenizer", "SentencePieceTokenizer", "load_tokenizer", "normalize"]
+__all__ = ["CLASSIFIER_TOKENS", "CLS", "MASK", "PRETRAINING_TOKENS", "TOKENIZER_SETTINGS", "VOCAB_FILE", "END", "PAD", "RESERVED_TOKENS", "START", "UNK", "WordPieceTokenizer", "SentencePieceSettings", "SentencePieceTokenizer", "load_tokenizer", "normalize"]

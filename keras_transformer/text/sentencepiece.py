@@ -21,6 +21,7 @@ way out, and id 0 is a padding token of our own that the checkpoint never
 sees. What a user sees, text and token strings, is the checkpoint's.
 """
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -52,12 +53,14 @@ def check_sentencepiece_settings(model_type, character_coverage):
                          f"got {character_coverage}")
 
 
-class SentencePieceTokenizer(tf.Module):
-    """Text <-> ids with a checkpoint's SentencePiece model and vocabulary, as TensorFlow ops.
+@dataclasses.dataclass(frozen=True)
+class SentencePieceSettings:
+    """How a SentencePiece tokenizer frames, splits and decodes text, besides its model and vocabulary.
+
+    The switches are named by what they do; `pretrained/` sets them as a
+    checkpoint's own tokenizer behaves. `tokenizer.json` records them.
 
     Args:
-        model: the SentencePiece model's bytes (a `.spm` / `.model` file).
-        vocab: the checkpoint's tokens in id order (`vocab[i]` is id i).
         unk_token, end_token: the checkpoint's unknown and end-of-sentence tokens.
         start_token: the decoder's first input (a target side's tokenizer),
             or None (a source side's: nothing goes before the text).
@@ -65,9 +68,6 @@ class SentencePieceTokenizer(tf.Module):
         prefix_tokens: tokens put before every text (a language code).
         language_code_prefix: a text that starts with ">>xx<<" has that
             code split off and looked up as one token (multilingual Marian).
-        decode_model: the SentencePiece model that turns pieces back into
-            text (default: `model`; a shared Marian vocabulary decodes with
-            the source side's model, as Hugging Face does).
         special_tokens: further tokens dropped from decoded text.
         strip_trailing_space: decoded text loses its trailing spaces too, as
             Python's `str.strip` after SentencePiece's decoding (Marian,
@@ -82,36 +82,63 @@ class SentencePieceTokenizer(tf.Module):
             by the code `--source-lang`/`--target-lang` take ("fr",
             "fra_Latn") and its token ("__fr__", "fra_Latn"): what
             `language_ids` reads (M2M100, NLLB; empty for others).
+    """
+
+    unk_token: str = "<unk>"
+    end_token: str = "</s>"
+    start_token: str = None
+    pad_token: str = None
+    prefix_tokens: tuple = ()
+    language_code_prefix: bool = False
+    special_tokens: tuple = ()
+    strip_trailing_space: bool = True
+    word_by_word: bool = False
+    collapse_spaces: bool = False
+    languages: dict = None
+
+    def to_json(self):
+        """The settings as `tokenizer.json` records them."""
+        recorded = dataclasses.asdict(self)
+        recorded.update(prefix_tokens=list(self.prefix_tokens), special_tokens=list(self.special_tokens))
+        # Only where there are some: other tokenizers' tokenizer.json stays as it was.
+        if not self.languages:
+            del recorded["languages"]
+        return recorded
+
+    @classmethod
+    def from_json(cls, recorded):
+        recorded = {**recorded, "prefix_tokens": tuple(recorded.get("prefix_tokens", ())),
+                    "special_tokens": tuple(recorded.get("special_tokens", ()))}
+        return cls(**recorded)
+
+
+class SentencePieceTokenizer(tf.Module):
+    """Text <-> ids with a checkpoint's SentencePiece model and vocabulary, as TensorFlow ops.
+
+    Args:
+        model: the SentencePiece model's bytes (a `.spm` / `.model` file).
+        vocab: the checkpoint's tokens in id order (`vocab[i]` is id i).
+        settings: the `SentencePieceSettings` (special tokens, framing,
+            splitting, decoding).
+        decode_model: the SentencePiece model that turns pieces back into
+            text (default: `model`; a shared Marian vocabulary decodes with
+            the source side's model, as Hugging Face does).
 
     Example:
-    >>> tokenizer = SentencePieceTokenizer(open("source.spm", "rb").read(), vocab, "<unk>", "</s>")
+    >>> settings = SentencePieceSettings(unk_token="<unk>", end_token="</s>")
+    >>> tokenizer = SentencePieceTokenizer(open("source.spm", "rb").read(), vocab, settings)
     >>> tokenizer.tokenize(["Hello world."])      # [[34292, 246, 5, 1]]: checkpoint ids + 1
     >>> tokenizer.detokenize([[34292, 246, 5, 1]])  # [b"Hello world."]
     """
 
-    def __init__(
-        self,
-        model,
-        vocab,
-        unk_token,
-        end_token,
-        start_token=None,
-        pad_token=None,
-        prefix_tokens=(),
-        language_code_prefix=False,
-        decode_model=None,
-        special_tokens=(),
-        strip_trailing_space=True,
-        word_by_word=False,
-        collapse_spaces=False,
-        languages=None,
-        name=None,
-    ):
+    def __init__(self, model, vocab, settings=SentencePieceSettings(), decode_model=None, name=None):
         super().__init__(name=name)
         vocab = list(vocab)
+        unk_token, end_token, start_token = settings.unk_token, settings.end_token, settings.start_token
+        pad_token, prefix_tokens = settings.pad_token, settings.prefix_tokens
         for role, token in (("unk_token", unk_token), ("end_token", end_token), ("start_token", start_token),
                             ("pad_token", pad_token), *(("prefix token", token) for token in prefix_tokens),
-                            *(("language token", token) for token in (languages or {}).values())):
+                            *(("language token", token) for token in (settings.languages or {}).values())):
             if token is not None and token not in vocab:
                 raise ValueError(f"the vocabulary has no {role} {token!r}")
         if len(set(vocab)) != len(vocab):
@@ -119,15 +146,8 @@ class SentencePieceTokenizer(tf.Module):
         self.model = bytes(model)
         self.decode_model = self.model if decode_model is None else bytes(decode_model)
         self.checkpoint_vocab = vocab
-        # Kept as JSON: a tf.Module would wrap a dict attribute in a tracking proxy that json cannot write.
-        self._settings_json = json.dumps(dict(
-            unk_token=unk_token, end_token=end_token, start_token=start_token, pad_token=pad_token,
-            prefix_tokens=list(prefix_tokens), language_code_prefix=language_code_prefix,
-            special_tokens=list(special_tokens), strip_trailing_space=strip_trailing_space,
-            word_by_word=word_by_word, collapse_spaces=collapse_spaces,
-            # Only where there are some: other tokenizers' tokenizer.json stays as it was.
-            **({"languages": dict(languages)} if languages else {}),
-        ))
+        # Kept as JSON: a tf.Module would wrap a dict attribute (the languages) in a tracking proxy.
+        self._settings_json = json.dumps(settings.to_json())
         self.vocab = [OUR_PADDING] + vocab  # our id order
         self.pad_id = 0
         self.unk_id = self.id_of(unk_token)
@@ -137,13 +157,13 @@ class SentencePieceTokenizer(tf.Module):
         # Tokens that never reach decoded text: Hugging Face's skip_special_tokens.
         self._dropped_ids = sorted(
             {0, self.unk_id, self.end_id}
-            | {self.id_of(token) for token in (start_token, pad_token, *special_tokens) if token in vocab}
+            | {self.id_of(token) for token in (start_token, pad_token, *settings.special_tokens) if token in vocab}
         )
         self._encoder = _sentencepiece(self.model, tf.string)
         self._tokens = tf.constant(self.vocab)
         self._decoder = _sentencepiece(self.decode_model, tf.int32)
         self._ends = _Ends(_surfaces(self.vocab, self._decoder), self._dropped_ids,
-                           strip_all=self.settings["strip_trailing_space"])
+                           strip_all=settings.strip_trailing_space)
         self._ids = tf.lookup.StaticHashTable(
             tf.lookup.KeyValueTensorInitializer(tf.constant(self.vocab[1:]), tf.range(1, len(self.vocab))),
             default_value=self.unk_id,
@@ -151,8 +171,8 @@ class SentencePieceTokenizer(tf.Module):
 
     @property
     def settings(self):
-        """The constructor's arguments besides the models and the vocabulary (what `tokenizer.json` records)."""
-        return json.loads(self._settings_json)
+        """The `SentencePieceSettings` (what `tokenizer.json` records)."""
+        return SentencePieceSettings.from_json(json.loads(self._settings_json))
 
     def id_of(self, token):
         """Our id of a checkpoint token (its checkpoint id + `ID_OFFSET`)."""
@@ -161,7 +181,7 @@ class SentencePieceTokenizer(tf.Module):
     @property
     def languages(self):
         """`{code: token}` of the languages a request may name (empty: none)."""
-        return self.settings.get("languages", {})
+        return self.settings.languages or {}
 
     def language_lookup(self, codes):
         """`(ids, known)` for `(batch,)` language codes: our ids of their tokens, and whether each is a code of ours.
@@ -211,7 +231,7 @@ class SentencePieceTokenizer(tf.Module):
         digest = hashlib.sha256(self.model)
         digest.update(self.decode_model)
         # The languages a request may name decide no text's ids (a prefix token does).
-        framing = {key: value for key, value in self.settings.items() if key != "languages"}
+        framing = {key: value for key, value in self.settings.to_json().items() if key != "languages"}
         digest.update(json.dumps([list(self.checkpoint_vocab), framing], sort_keys=True).encode("utf-8"))
         return digest.hexdigest()
 
@@ -256,13 +276,13 @@ class SentencePieceTokenizer(tf.Module):
             raise ValueError(f"SentencePiece cannot learn this vocabulary: {first_line(error)}") from None
         processor = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
         vocab = [processor.id_to_piece(index) for index in range(processor.get_piece_size())]
-        return cls(model.getvalue(), vocab, unk_token="<unk>", end_token="</s>", start_token=start_token)
+        return cls(model.getvalue(), vocab, SentencePieceSettings(start_token=start_token))
 
     def with_start_token(self, start_token):
         """A tokenizer of the same model and vocabulary whose texts start with `start_token` (None: with nothing)."""
         decode_model = None if self.decode_model == self.model else self.decode_model
-        return type(self)(self.model, self.checkpoint_vocab, decode_model=decode_model,
-                          **{**self.settings, "start_token": start_token})
+        return type(self)(self.model, self.checkpoint_vocab, dataclasses.replace(self.settings, start_token=start_token),
+                          decode_model=decode_model)
 
     # -- saving, loading ---------------------------------------------------------------
 
@@ -277,7 +297,7 @@ class SentencePieceTokenizer(tf.Module):
         for file_name, content in models.items():
             replace_whole(os.path.join(directory, file_name), lambda path, content=content: _write_bytes(path, content))
         write_json(os.path.join(directory, VOCAB_FILE), list(self.checkpoint_vocab))
-        write_json(os.path.join(directory, TOKENIZER_SETTINGS), {"kind": KIND, **self.settings})
+        write_json(os.path.join(directory, TOKENIZER_SETTINGS), {"kind": KIND, **self.settings.to_json()})
 
     @classmethod
     def load(cls, directory, settings):
@@ -291,7 +311,7 @@ class SentencePieceTokenizer(tf.Module):
             with open(decode_path, "rb") as file:
                 decode_model = file.read()
         vocab = read_json(os.path.join(directory, VOCAB_FILE))
-        return cls(model, vocab, decode_model=decode_model, **settings)
+        return cls(model, vocab, SentencePieceSettings.from_json(settings), decode_model=decode_model)
 
     # -- text -> ids -> text -----------------------------------------------------------
 
@@ -309,7 +329,7 @@ class SentencePieceTokenizer(tf.Module):
         strings = tf.strings.unicode_transcode(strings, "UTF-8", "UTF-8", errors="replace")
         rows = tf.shape(strings, out_type=tf.int64)[0]
         columns = []
-        if self.settings["language_code_prefix"]:
+        if self.settings.language_code_prefix:
             # ">>fra<< Bonjour": the code is a token of its own, the rest goes to SentencePiece.
             has_code = tf.strings.regex_full_match(strings, r"(?s)>>.*?<<.*")
             codes = tf.strings.regex_replace(strings, r"(?s)^(>>.*?<<).*$", r"\1")
@@ -318,7 +338,7 @@ class SentencePieceTokenizer(tf.Module):
                 tf.boolean_mask(self._ids.lookup(codes), has_code), tf.cast(has_code, tf.int64)
             )
             columns.append(code_ids)
-        pieces = self._word_by_word(strings) if self.settings["word_by_word"] else self._encoder.tokenize(strings)
+        pieces = self._word_by_word(strings) if self.settings.word_by_word else self._encoder.tokenize(strings)
         columns.append(tf.ragged.map_flat_values(self._ids.lookup, pieces))
         if add_start_end:
             leading = [_fixed_columns(rows, [self.start_id])] if self.start_id is not None else []
@@ -335,7 +355,7 @@ class SentencePieceTokenizer(tf.Module):
 
     def _word_by_word(self, strings):
         """Pieces of each space-separated word, a lone "▁" for each extra space (see `word_by_word`)."""
-        if self.settings["collapse_spaces"]:
+        if self.settings.collapse_spaces:
             strings = tf.strings.regex_replace(strings, " {2,}", " ")
         words = tf.strings.split(strings, sep=" ")
         # The text's leading space is the "▁" every first word has: an empty first word (which is
