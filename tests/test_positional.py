@@ -57,3 +57,35 @@ def test_learned_positions_are_trainable_and_offset():
     assert layer.trainable_weights[0].shape == (10, 6)
     np.testing.assert_allclose(outputs[0], table[:4])
     np.testing.assert_allclose(layer(x[:, :2], start_index=5)[1], table[5:7])
+
+
+def test_a_checkpoints_sinusoid_choices_give_the_formulas_they_name():
+    paper = kt.layers.positional_encoding(length=6, depth=8)
+    # Blocked: the same columns, every sine before every cosine.
+    blocked = kt.layers.positional_encoding(length=6, depth=8, columns="blocked")
+    np.testing.assert_array_equal(blocked, paper[:, [0, 2, 4, 6, 1, 3, 5, 7]])
+    # A first position of 2: the paper's rows from 2 on.
+    np.testing.assert_allclose(kt.layers.positional_encoding(length=4, depth=8, first_position=2), paper[2:], atol=1e-6)
+    # Frequencies base^(-i / (d/2 - 1)): the last is exactly 1/base.
+    spaced = kt.layers.positional_encoding(length=6, depth=8, base=100.0, frequency_spacing="i/(d/2-1)")
+    positions = np.arange(6)
+    np.testing.assert_allclose(spaced[:, 6], np.sin(positions / 100.0), atol=1e-6)
+    np.testing.assert_allclose(spaced[:, 7], np.cos(positions / 100.0), atol=1e-6)
+    with pytest.raises(ValueError, match="columns must be one of"):
+        kt.layers.positional_encoding(length=2, depth=4, columns="halves")
+
+
+@pytest.mark.parametrize("name, choices", [
+    ("sinusoidal_halves", {"columns": "blocked"}),
+    ("sinusoidal_fairseq", {"columns": "blocked", "first_position": 2, "frequency_spacing": "i/(d/2-1)"}),
+])
+def test_a_run_saved_when_sinusoids_had_names_keeps_its_table(name, choices):
+    # Imported runs made before the choices were named one by one stored these names in their configs.
+    old = kt.layers.TokenAndPositionEmbedding(30, 8, 12, position=name)
+    new = kt.layers.TokenAndPositionEmbedding(30, 8, 12, position=choices)
+    old.build((None, None)), new.build((None, None))
+    np.testing.assert_array_equal(old.position_embedding.encoding, new.position_embedding.encoding)
+    layout = {"sinusoidal_halves": "halves", "sinusoidal_fairseq": "fairseq"}[name]
+    saved = kt.layers.PositionalEncoding.from_config({"max_length": 12, "base": 10000.0, "layout": layout})
+    saved.build((None, None, 8))
+    np.testing.assert_array_equal(saved.encoding, new.position_embedding.encoding)

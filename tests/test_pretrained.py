@@ -477,7 +477,7 @@ def test_fine_tuning_an_imported_run_trains_its_weights_with_its_tokenizers(impo
     config = translation.load_config(out)
     # The checkpoint's decoding settings, inherited: Hugging Face's length penalty (|Y| ** alpha) and stopping rule.
     assert config["evaluation"]["length_penalty_offset"] == 0 and config["evaluation"]["stop_rule"] == "best_live_is_behind"
-    assert config["model"]["position"] == "sinusoidal_halves"
+    assert config["model"]["position"] == {"columns": "blocked"}  # Marian's sinusoids
     assert cli_here("translate", out, "A man.").stdout.strip()
 
 

@@ -8,11 +8,31 @@ from keras import ops
 from keras_transformer.layers.checks import check_positive_int, check_rate
 from keras_transformer.layers.config import Hyperparameters
 from keras_transformer.layers.dropout import Dropout
-from keras_transformer.layers.positional import PositionalEncoding, PositionEmbedding
+from keras_transformer.layers.positional import NAMED_TABLES, PositionalEncoding, PositionEmbedding
 
-# A position kind -> the sinusoids' layout (`positional.LAYOUTS`); "learned" has none.
-SINUSOID_LAYOUTS = {"sinusoidal": "interleaved", "sinusoidal_halves": "halves", "sinusoidal_fairseq": "fairseq"}
-POSITION_KINDS = tuple(SINUSOID_LAYOUTS) + ("learned",)
+# Positions to choose from when training: the paper's sinusoids (Section 3.5), or a learned table.
+POSITION_KINDS = ("sinusoidal", "learned")
+# A checkpoint's sinusoids may differ from the paper's (`positional.positional_encoding`): `position` is
+# then a dict of those choices, e.g. {"columns": "blocked"}.
+SINUSOID_CHOICES = ("columns", "first_position", "frequency_spacing")
+
+
+def sinusoid_choices(position):
+    """The `PositionalEncoding` arguments a `position` setting stands for (`{}`: the paper's); None if learned.
+
+    Runs saved before the choices had names name their table: "sinusoidal_halves", "sinusoidal_fairseq".
+    """
+    if position == "learned":
+        return None
+    if isinstance(position, dict):
+        unknown = set(position) - set(SINUSOID_CHOICES)
+        if unknown:
+            raise ValueError(f"position's sinusoid choices are {SINUSOID_CHOICES}, got {sorted(unknown)}")
+        return dict(position)
+    named = position.removeprefix("sinusoidal_") if isinstance(position, str) else None
+    if position == "sinusoidal" or named in NAMED_TABLES:
+        return {} if position == "sinusoidal" else NAMED_TABLES[named]
+    raise ValueError(f"position must be one of {POSITION_KINDS} or a dict of {SINUSOID_CHOICES}, got {position!r}")
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -28,9 +48,9 @@ class TokenAndPositionEmbedding(Hyperparameters, keras.layers.Layer):
         vocab_size: number of token ids.
         d_model: embedding size.
         max_length: longest sequence (positions are defined up to it).
-        position: "sinusoidal" (fixed, Section 3.5), "sinusoidal_halves"
-            (the same sinusoids in Marian's layout, for OPUS-MT checkpoints),
-            "sinusoidal_fairseq" (fairseq's, for M2M100 and NLLB) or "learned".
+        position: "sinusoidal" (fixed, Section 3.5), "learned", or a
+            checkpoint's own sinusoids: a dict of `SINUSOID_CHOICES` (see
+            `positional.positional_encoding`).
         scale: multiply token embeddings by sqrt(d_model).
         mask_zero: id 0 is padding: the output carries a Keras mask.
         dropout: dropout rate on the sum.
@@ -75,8 +95,7 @@ class TokenAndPositionEmbedding(Hyperparameters, keras.layers.Layer):
         super().__init__(**kwargs)
         check_positive_int(vocab_size=vocab_size, d_model=d_model, max_length=max_length)
         check_rate(dropout=dropout)
-        if position not in POSITION_KINDS:
-            raise ValueError(f"position must be one of {POSITION_KINDS}, got {position!r}")
+        sinusoid = sinusoid_choices(position)
         self.store_hyperparameters(locals())
         # With scaling by sqrt(d_model), unit-variance / sqrt(d_model) vectors
         # come out at unit scale, like the sinusoids they are added to.
@@ -92,9 +111,9 @@ class TokenAndPositionEmbedding(Hyperparameters, keras.layers.Layer):
             dtype=self.dtype_policy,
             name="token_embedding",
         )
-        if position in SINUSOID_LAYOUTS:
+        if sinusoid is not None:
             self.position_embedding = PositionalEncoding(
-                max_length, layout=SINUSOID_LAYOUTS[position], dtype=self.dtype_policy, name="position_encoding"
+                max_length, **sinusoid, dtype=self.dtype_policy, name="position_encoding"
             )
         else:
             self.position_embedding = PositionEmbedding(

@@ -124,7 +124,8 @@ class Encoder(TransformerStack):
         dropout: dropout on embeddings and every sub-layer output.
         norm_first: pre-LN layers plus a final LayerNorm.
         epsilon: LayerNorm epsilon.
-        position: "sinusoidal" or "learned".
+        position: "sinusoidal" (the paper's), "learned", or a checkpoint's own sinusoids
+            (see `TokenAndPositionEmbedding`).
         sliding_window: local self-attention window, or None.
         activation, attention_dropout, activation_dropout: see `EncoderLayer`.
         embedding: a `TokenAndPositionEmbedding` to use (and share).

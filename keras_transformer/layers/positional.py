@@ -16,40 +16,36 @@ from keras_transformer.layers.checks import check_positive_int
 from keras_transformer.layers.config import Hyperparameters
 
 
-# How the sines and cosines share the depth axis: the paper's pairs, or
-# every sine first and then every cosine (Marian's layout, which Hugging
-# Face's OPUS-MT checkpoints were trained with), or fairseq's table (M2M100, NLLB).
-LAYOUTS = ("interleaved", "halves", "fairseq")
-# fairseq numbers positions from its padding id + 1 = 2: the first token is at position 2.
-FAIRSEQ_FIRST_POSITION = 2
+# How a sinusoidal table may differ from the paper's, for a checkpoint trained with another
+# (`pretrained/` sets these; the paper's are the defaults):
+# - the columns' order: the paper's sine/cosine pairs, or every sine and then every cosine;
+COLUMN_ORDERS = ("interleaved", "blocked")
+# - the first token's position number (0 in the paper);
+# - the frequencies' spacing: the i-th of the depth/2 frequencies is base^(-2i/d) in the paper, or
+#   base^(-i/(d/2 - 1)), which runs down to exactly 1/base.
+FREQUENCY_SPACINGS = ("2i/d", "i/(d/2-1)")
 
 
-def fairseq_positional_encoding(length, depth, base=10000.0):
-    """fairseq's (tensor2tensor's) table, as M2M100 and NLLB were trained with, from their first position on.
-
-    Sines then cosines like Marian's, but the i-th of the depth/2
-    frequencies is base^(-i / (depth/2 - 1)) (the paper's is
-    base^(-2i / depth)), and the first token is at position 2. Computed in
-    float32 as fairseq and Hugging Face compute it, so that a checkpoint sees
-    the very numbers it was trained with.
-    """
-    half = depth // 2
-    step = np.float32(np.log(base) / (half - 1))
-    frequencies = np.exp(np.arange(half, dtype=np.float32) * -step)
-    positions = np.arange(FAIRSEQ_FIRST_POSITION, FAIRSEQ_FIRST_POSITION + length, dtype=np.float32)
-    angles = positions[:, None] * frequencies[None, :]
-    table = np.concatenate([np.sin(angles), np.cos(angles)], axis=1)
-    if depth % 2:
-        table = np.concatenate([table, np.zeros((length, 1), np.float32)], axis=1)
-    return table.astype(np.float32)
-
-
-def halves_order(depth):
-    """The "halves" layout's columns as the interleaved table's: the sines (columns 2i), then the cosines (2i+1)."""
+def blocked_order(depth):
+    """The blocked table's columns as the interleaved table's: the sines (columns 2i), then the cosines (2i+1)."""
     return np.concatenate([np.arange(0, depth, 2), np.arange(1, depth, 2)])
 
 
-def positional_encoding(length, depth, base=10000.0, layout="interleaved"):
+def _spaced_to_base(positions, depth, base):
+    """The blocked table of the i/(d/2 - 1) spacing, computed in float32 as the checkpoints that use it were
+    (fairseq's and Hugging Face's code), so that they see the very numbers they were trained with."""
+    half = depth // 2
+    step = np.float32(np.log(base) / (half - 1))
+    frequencies = np.exp(np.arange(half, dtype=np.float32) * -step)
+    angles = positions.astype(np.float32)[:, None] * frequencies[None, :]
+    table = np.concatenate([np.sin(angles), np.cos(angles)], axis=1)
+    if depth % 2:
+        table = np.concatenate([table, np.zeros((len(positions), 1), np.float32)], axis=1)
+    return table
+
+
+def positional_encoding(length, depth, base=10000.0, columns="interleaved", first_position=0,
+                        frequency_spacing="2i/d"):
     """The sinusoidal table, `(length, depth)` float32, interleaved as in the paper.
 
         PE(pos, 2i)   = sin(pos / base^(2i / depth))
@@ -59,31 +55,46 @@ def positional_encoding(length, depth, base=10000.0, layout="interleaved"):
     is a linear function of PE(pos) for any fixed offset k: the property the
     authors hoped would let attention work with relative positions.
 
-    `layout="halves"` puts the same columns in another order, the sines
-    (columns 2i) first and then the cosines (2i+1): the same information,
-    but a model learns its weights for one order only.
+    The other choices (`COLUMN_ORDERS`, `FREQUENCY_SPACINGS`) give the same
+    kind of table for a model trained with it: `columns="blocked"` puts the
+    same columns in another order, the sines (columns 2i) first and then the
+    cosines (2i+1), the same information, but a model learns its weights for
+    one order only; `first_position` numbers the first row; and
+    `frequency_spacing="i/(d/2-1)"` spaces the frequencies from 1 down to
+    exactly 1/base.
 
     Example:
     >>> positional_encoding(length=2, depth=4)[1]
     array([0.841471, 0.540302, 0.0099998, 0.99995], dtype=float32)
-    >>> positional_encoding(length=2, depth=4, layout="halves")[1]
+    >>> positional_encoding(length=2, depth=4, columns="blocked")[1]
     array([0.841471, 0.0099998, 0.540302, 0.99995], dtype=float32)
     """
     if int(length) < 1 or int(depth) < 1:
         raise ValueError(f"length and depth must be positive, got length={length}, depth={depth}")
     if base <= 0:
         raise ValueError(f"base must be positive, got {base}")
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    if layout == "fairseq":
-        return fairseq_positional_encoding(length, depth, base)
-    positions = np.arange(length, dtype=np.float64)[:, None]
+    if columns not in COLUMN_ORDERS:
+        raise ValueError(f"columns must be one of {COLUMN_ORDERS}, got {columns!r}")
+    if frequency_spacing not in FREQUENCY_SPACINGS:
+        raise ValueError(f"frequency_spacing must be one of {FREQUENCY_SPACINGS}, got {frequency_spacing!r}")
+    positions = np.arange(first_position, first_position + length, dtype=np.float64)
+    if frequency_spacing == "i/(d/2-1)":
+        table = _spaced_to_base(positions, depth, base)
+        return table if columns == "blocked" else table[:, np.argsort(blocked_order(depth))]
     pair_index = np.arange(depth, dtype=np.float64)[None, :] // 2  # i for columns 2i and 2i+1
-    angles = positions / np.power(base, 2.0 * pair_index / depth)
+    angles = positions[:, None] / np.power(base, 2.0 * pair_index / depth)
     table = np.where(np.arange(depth) % 2 == 0, np.sin(angles), np.cos(angles))
-    if layout == "halves":
-        table = table[:, halves_order(depth)]
+    if columns == "blocked":
+        table = table[:, blocked_order(depth)]
     return table.astype(np.float32)
+
+
+# The tables that had names before their choices did (a layer saved then keeps its numbers).
+NAMED_TABLES = {
+    "interleaved": {},
+    "halves": {"columns": "blocked"},
+    "fairseq": {"columns": "blocked", "first_position": 2, "frequency_spacing": "i/(d/2-1)"},
+}
 
 
 def _positions_for(inputs, start_index):
@@ -98,8 +109,8 @@ class PositionalEncoding(Hyperparameters, keras.layers.Layer):
     Args:
         max_length: the longest sequence (plus decoding offset) supported.
         base: the wavelength base, 10000 in the paper.
-        layout: "interleaved" (the paper's), "halves" (Marian's) or
-            "fairseq" (M2M100's and NLLB's), see `positional_encoding`.
+        columns, first_position, frequency_spacing: the paper's table by
+            default; a checkpoint's own otherwise (see `positional_encoding`).
 
     Call arguments:
         inputs: `(batch, length, depth)`.
@@ -114,13 +125,21 @@ class PositionalEncoding(Hyperparameters, keras.layers.Layer):
     (2, 10, 64)
     """
 
-    hyperparameters = ("max_length", "base", "layout")
+    hyperparameters = ("max_length", "base", "columns", "first_position", "frequency_spacing")
 
-    def __init__(self, max_length=2048, base=10000.0, layout="interleaved", **kwargs):
+    def __init__(self, max_length=2048, base=10000.0, columns="interleaved", first_position=0,
+                 frequency_spacing="2i/d", **kwargs):
         super().__init__(**kwargs)
         check_positive_int(max_length=max_length)
         self.store_hyperparameters(locals())
         self.supports_masking = True
+
+    @classmethod
+    def from_config(cls, config):
+        if "layout" in config:  # saved before the table's choices were named one by one
+            config = {**{key: value for key, value in config.items() if key != "layout"},
+                      **NAMED_TABLES[config["layout"]]}
+        return super().from_config(config)
 
     def build(self, inputs_shape):
         depth = inputs_shape[-1]
@@ -130,7 +149,8 @@ class PositionalEncoding(Hyperparameters, keras.layers.Layer):
         # A NumPy constant, not a weight: nothing to train and nothing to save.
         # It becomes a tensor inside `call`, so that a layer built inside one
         # tf.function (say, the first step of `fit`) works in every other.
-        self.encoding = positional_encoding(self.max_length, depth, self.base, self.layout)
+        self.encoding = positional_encoding(self.max_length, depth, self.base, self.columns, self.first_position,
+                                            self.frequency_spacing)
 
     def call(self, inputs, start_index=0):
         positions = _positions_for(inputs, start_index)

@@ -42,7 +42,8 @@ class LanguageModel(MultiWorkerFit, Hyperparameters, keras.Model):
         num_layers, d_model, num_heads, d_ff, dropout: the sizes, as in the paper's Table 3.
         max_length: the longest sequence (positions are defined up to it).
         norm_first: pre-LN layers (GPT-2) instead of the paper's post-LN.
-        position: "sinusoidal" or "learned" positions.
+        position: "sinusoidal" (the paper's), "learned", or a checkpoint's own sinusoids
+            (see `layers.TokenAndPositionEmbedding`).
         epsilon, activation, attention_dropout, activation_dropout,
         sliding_window: passed to every layer.
 

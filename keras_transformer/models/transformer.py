@@ -62,7 +62,8 @@ class Transformer(MultiWorkerFit, Hyperparameters, keras.Model):
         tie_output: the pre-softmax projection is the transposed target
             embedding (Section 3.4).
         norm_first: pre-LN layers instead of the paper's post-LN.
-        position: "sinusoidal" or "learned" positions.
+        position: "sinusoidal" (the paper's), "learned", or a checkpoint's own sinusoids
+            (see `layers.TokenAndPositionEmbedding`).
         epsilon, activation, attention_dropout, activation_dropout,
         sliding_window: passed to every layer.
         cross_attention_window: D, for predictive local cross-attention (see

@@ -3,7 +3,7 @@
 M2M100 differs from Marian (and the paper) where fairseq does, each an option of ours:
 
     pre-LN layers, a LayerNorm after each stack   norm_first=True (the stacks' final_norm)
-    fairseq's sinusoids, first position 2         position="sinusoidal_fairseq"
+    fairseq's sinusoids, first position 2         position=POSITIONS (blocked, from 2, to 1/base)
     decoding starts from </s>                     the target tokenizer's start token
     the target language is the first output       the target tokenizer's prefix, forced at step 0
     no output bias                                output_bias zeros
@@ -37,6 +37,9 @@ NLLB_LANGUAGE = re.compile(r"^[a-z]{3}_[A-Z][a-z]{3}$")  # eng_Latn, zho_Hans, .
 TOKENIZER_FILES = f"{SPM} and {VOCAB}"
 # Everything the tokenizer reads (M2M100's or NLLB's), as `save_pretrained` writes it.
 CHECKPOINT_FILES = (SPM, VOCAB, TOKENIZER_JSON, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP, ADDED_TOKENS)
+# fairseq's sinusoids (`layers.positional.positional_encoding`): every sine before every cosine, the
+# first token at position 2 (its padding id + 1), frequencies from 1 down to exactly 1/10000.
+POSITIONS = {"columns": "blocked", "first_position": 2, "frequency_spacing": "i/(d/2-1)"}
 # fairseq's language codes, in the order that numbers them after the dictionary (the tokenizer's
 # `language_codes` setting names the list).
 LANGUAGE_CODES = {
@@ -51,7 +54,7 @@ LANGUAGE_CODES = {
 
 def transformer_settings(config):
     """`models.Transformer` arguments for an M2M100 `config.json` (refused in one line where ours cannot follow)."""
-    return settings.transformer_settings(config, norm_first=True, position="sinusoidal_fairseq")
+    return settings.transformer_settings(config, norm_first=True, position=POSITIONS)
 
 
 def _language_token(code, codes, side):

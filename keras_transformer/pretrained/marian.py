@@ -3,7 +3,7 @@
 Marian is the paper's model with a few choices of its own, each an option of ours:
 
     post-LN layers, LayerNorm epsilon 1e-5     norm_first=False, epsilon=1e-5
-    static sinusoids, sines then cosines       position="sinusoidal_halves"
+    static sinusoids, sines then cosines       position={"columns": "blocked"}
     embeddings times sqrt(d_model)             (ours always scale)
     swish (or relu, gelu) in the FFN           activation
     one vocabulary for both sides, or two      share_embeddings
@@ -37,6 +37,8 @@ TOKENIZER_CONFIG = "tokenizer_config.json"
 CHECKPOINT_FILES = (SOURCE_SPM, TARGET_SPM, VOCAB, TARGET_VOCAB, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP, ADDED_TOKENS)
 # The padding token a vocabulary learned here gains, as its last token (`weights.VocabularyRows`).
 PAD = "<pad>"
+# Marian's sinusoids: the paper's, every sine before every cosine (`layers.positional.positional_encoding`).
+POSITIONS = {"columns": "blocked"}
 
 
 def transformer_settings(config):
@@ -48,7 +50,7 @@ def transformer_settings(config):
         raise CheckpointError(
             f"share_encoder_decoder_embeddings with vocab_size={vocab_size} but decoder_vocab_size={target_vocab_size}"
         )
-    result = settings.transformer_settings(config, norm_first=False, position="sinusoidal_halves")
+    result = settings.transformer_settings(config, norm_first=False, position=POSITIONS)
     result.update(tgt_vocab_size=target_vocab_size + ID_OFFSET, share_embeddings=shared)
     return result
 

@@ -20,7 +20,7 @@ sinusoid has the sines of every frequency in the first half of the model
 axis and the cosines in the second, where ours interleave them. Every
 weight meets the model axis column by column (LayerNorm's scale and shift)
 or through sums over it (matrix products), so the same weights with their
-model axis in Marian's order (`layers.positional.halves_order`) compute the
+model axis in Marian's order (`layers.positional.blocked_order`) compute the
 same function. What Marian cannot express is refused in one line
 (`check_marian`), before anything is written.
 
@@ -31,7 +31,8 @@ by a few parts in a million of their scale (docs/pretrained.md).
 
 import os
 
-from keras_transformer.layers.positional import halves_order
+from keras_transformer.layers.embedding import sinusoid_choices
+from keras_transformer.layers.positional import blocked_order
 from keras_transformer.pretrained import family_of, marian
 from keras_transformer.pretrained.checkpoint import (
     CONFIG,
@@ -112,8 +113,17 @@ def freeze_what_the_family_lacks(model, files_dir):
 
 # -- a run trained here, as Marian ---------------------------------------------------------------
 
-# Our sinusoids, and the model axis' order that makes each Marian's (`halves_order`: ours interleave).
-_MARIAN_ORDER = {"sinusoidal": halves_order, "sinusoidal_halves": None}
+
+
+def _marian_order(model):
+    """The model axis' order that makes the model's sinusoids Marian's (None: they are), or False: none does.
+
+    Marian's are the paper's with every sine first (`marian.POSITIONS`); ours interleave (`blocked_order`).
+    """
+    choices = sinusoid_choices(model.position)
+    if choices is None or choices.get("first_position", 0) != 0 or choices.get("frequency_spacing", "2i/d") != "2i/d":
+        return False
+    return None if choices.get("columns") == "blocked" else blocked_order
 
 
 def check_marian(model, source_tokenizer, target_tokenizer):
@@ -129,7 +139,7 @@ def check_marian(model, source_tokenizer, target_tokenizer):
                          "(a SentencePiece run made before sources were framed as Marian's): train it again")
     cannot = [
         (model.norm_first, "pre-LN layers (--norm-first): Marian's are post-LN"),
-        (model.position not in _MARIAN_ORDER, f"{model.position} positions: Marian's are sinusoids, numbered from 0"),
+        (_marian_order(model) is False, f"{model.position} positions: Marian's are sinusoids, numbered from 0"),
         (model.sliding_window is not None, "local self-attention (sliding_window)"),
         (model.cross_attention_window is not None, "local cross-attention (--cross-attention-window)"),
         (model.activation not in CHECKPOINT_ACTIVATIONS, f"the {model.activation} activation"),
@@ -176,7 +186,7 @@ def write_as_marian(model, source_tokenizer, target_tokenizer, out_dir, decoding
     })
     marian.write_tokenizer(out_dir, (source_vocab, target_vocab), (source_tokenizer.model, target_tokenizer.model),
                            separate, languages, max_length=model.max_length)
-    order = _MARIAN_ORDER[model.position]
+    order = _marian_order(model)
     rows = {side: VocabularyRows(padding_kept=True, size=size) for side in ("source", "target")}
     weights = marian.weights(model)
     write_weights(os.path.join(out_dir, SAFETENSORS),

@@ -306,9 +306,8 @@ OPTIONS = (
     Option("model", "num_heads", int, "attention heads"),
     Option("model", "d_ff", int, "the feed-forward layers' width"),
     Option("model", "dropout", float, "dropout rate"),
-    Option("model", "position", help="sinusoidal (the paper's), sinusoidal_halves (the same in Marian's layout), "
-           "sinusoidal_fairseq (M2M100's) or learned positions",
-           choices=("sinusoidal", "sinusoidal_halves", "sinusoidal_fairseq", "learned"),
+    # layers.embedding.POSITION_KINDS (not imported: the command line starts without Keras; test_cli compares).
+    Option("model", "position", help="sinusoidal (the paper's) or learned positions", choices=("sinusoidal", "learned"),
            tasks=_TRANSLATION),
     Option("model", "share_embeddings", bool, "one embedding for source and target (needs --shared-vocab)",
            tasks=_TRANSLATION),
