@@ -239,18 +239,31 @@ class TestFusedAttention:
         np.testing.assert_allclose(ops.convert_to_numpy(ops.sum(weights, axis=-1)), 1.0, atol=1e-6)
         np.testing.assert_allclose(outputs, attention(inputs, use_causal_mask=True), atol=1e-5)
 
-    def test_the_default_is_fused_on_jax_and_pytorch_only(self):
+    def test_the_default_is_fused_on_jax_and_pytorch_only(self, monkeypatch):
+        from keras_transformer.layers import attention as attention_module
+
+        calls = []
+        kernel = attention_module.fused_dot_product_attention
+        monkeypatch.setattr(attention_module, "fused_dot_product_attention",
+                            lambda *args, **kwargs: calls.append(1) or kernel(*args, **kwargs))
+
+        def fused(layer, *inputs, **options):  # whether this call went through the fused kernel
+            calls.clear()
+            layer(*inputs, **options)
+            return bool(calls)
+
+        query, value = random(2, 5, 16, seed=16), random(2, 7, 16, seed=17)
         attention = kt.layers.MultiHeadAttention(num_heads=2)
-        expected = keras.backend.backend() in ("jax", "torch")
-        assert attention._use_fused_attention(False, False) is expected
+        assert fused(attention, query) is (keras.backend.backend() in ("jax", "torch"))
         # Weights asked for, dropout on the weights, predicted windows: always explicit.
-        assert not attention._use_fused_attention(True, False)
+        attention.fused_attention = True
+        assert fused(attention, query) and not fused(attention, query, return_attention_scores=True)
         dropping = kt.layers.MultiHeadAttention(num_heads=2, dropout=0.1)
         dropping.fused_attention = True
-        assert not dropping._use_fused_attention(False, True) and dropping._use_fused_attention(False, False)
-        predicting = kt.layers.MultiHeadAttention(num_heads=2, sliding_window=2, window_alignment="predictive")
+        assert not fused(dropping, query, training=True) and fused(dropping, query, training=False)
+        predicting = kt.layers.PredictiveLocalAttention(num_heads=2, sliding_window=2)
         predicting.fused_attention = True
-        assert not predicting._use_fused_attention(False, False)
+        assert not fused(predicting, query, value)
 
 
 class TestPredictiveLocalAttention:
@@ -259,8 +272,9 @@ class TestPredictiveLocalAttention:
     WINDOW = 2
 
     def attention(self, num_heads=2):
-        return kt.layers.CachedMultiHeadAttention(
-            num_heads=num_heads, sliding_window=self.WINDOW, window_alignment="predictive")
+        from keras_transformer.layers.cached_attention import CachedPredictiveLocalAttention
+
+        return CachedPredictiveLocalAttention(num_heads=num_heads, sliding_window=self.WINDOW)
 
     def test_weights_outside_the_predicted_window_are_exactly_zero(self):
         query, value = random(2, 5, 16, seed=3), random(2, 12, 16, seed=4)
@@ -313,9 +327,11 @@ class TestPredictiveLocalAttention:
 
     def test_predictive_needs_a_window_and_alignments_are_named(self):
         with pytest.raises(ValueError, match="needs sliding_window"):
-            kt.layers.MultiHeadAttention(num_heads=2, window_alignment="predictive")
+            kt.layers.AttentionSublayer(num_heads=2, window_alignment="predictive")
         with pytest.raises(ValueError, match="window_alignment must be one of"):
-            kt.layers.MultiHeadAttention(num_heads=2, sliding_window=2, window_alignment="gaussian")
+            kt.layers.AttentionSublayer(num_heads=2, sliding_window=2, window_alignment="gaussian")
+        with pytest.raises(ValueError, match="sliding_window must be a positive integer"):
+            kt.layers.PredictiveLocalAttention(num_heads=2, sliding_window=0)
         token, attention = random(1, 1, 16), self.attention()
         attention(token)
         with pytest.raises(ValueError, match="not a decoding cache"):

@@ -94,7 +94,7 @@ def _set_norm(spec, layer):
 def _set_attention(spec, sublayer, fused_query):
     """An `AttentionSublayer` into CTranslate2's multi-head attention spec (its LayerNorm included)."""
     weights = sublayer.attention
-    d_model = weights.output_dim
+    d_model = weights.output_kernel.shape[-1]
     query = _array(weights.query_kernel).reshape(d_model, -1)
     key_value = _array(weights.key_value_kernel).reshape(d_model, 2, -1)
     query_bias = _array(weights.query_bias).reshape(-1)

@@ -2,7 +2,7 @@
 
 Read them in this order: `masks`, `attention`, `dropout`, `positional`, `embedding`,
 `feed_forward`, `sublayers`, `stack`, `encoder`, `decoder`, `pooling`; then what
-builds on attention: `local_attention` (windows) and `cached_attention` (decoding). Two helpers serve
+builds on attention: `local_attention` (a predicted window) and `cached_attention` (decoding). Two helpers serve
 them all: `checks` (argument checks) and `config` (each layer declares its
 hyperparameters once; `get_config` follows).
 """
@@ -13,6 +13,7 @@ from keras_transformer.layers.attention import (
     scaled_dot_product_attention,
 )
 from keras_transformer.layers.cached_attention import CachedMultiHeadAttention
+from keras_transformer.layers.local_attention import PredictiveLocalAttention
 from keras_transformer.layers.config import Hyperparameters
 from keras_transformer.layers.decoder import Decoder, DecoderLayer
 from keras_transformer.layers.dropout import Dropout
@@ -48,6 +49,7 @@ __all__ = [
     "Hyperparameters",
     "MultiHeadAttention",
     "PositionEmbedding",
+    "PredictiveLocalAttention",
     "PositionalEncoding",
     "TokenAndPositionEmbedding",
     "TransformerStack",

@@ -21,8 +21,10 @@ length, head_dim)`, so every head is one slice of a batched matrix product.
 
 Two things build on this layer and live in their own modules:
 
-* `local_attention`: a window of 2D+1 keys around each query's aligned
-  position (Luong et al. 2015), a mask and a weighting this layer takes;
+* `local_attention`: a window of 2D+1 keys around a position each query
+  predicts (Luong et al. 2015's local-p, `PredictiveLocalAttention`); the
+  plain sliding window around the query's own position is this layer's
+  `sliding_window`;
 * `cached_attention`: decoding one token at a time on a cache of the earlier
   positions' keys and values (`CachedMultiHeadAttention`, which the decoder
   uses).
@@ -33,7 +35,6 @@ import math
 import keras
 from keras import ops
 
-from keras_transformer.layers import local_attention
 from keras_transformer.layers.checks import check_heads_divide, check_positive_int, check_rate
 from keras_transformer.layers.config import Hyperparameters
 from keras_transformer.layers.masks import merge_attention_masks
@@ -162,51 +163,89 @@ def fused_dot_product_attention(queries, keys, values, mask=None):
     return outputs
 
 
+# -- the heads' own axis --------------------------------------------------------------
+#
+# Each projection is one plain 2-D matrix product over all positions,
+# (batch * length, d_model) x (d_model, parts * heads * head_dim), the shape
+# CPU and GPU matmul kernels run fastest; a single transpose then puts heads
+# on their own axis. The kernels keep their per-head shapes (and checkpoints
+# their layout); they are only viewed as 2-D here.
+
+
+def project_heads(inputs, kernel, bias, num_heads, head_dim, parts=1):
+    """`inputs` (batch, length, d) times `kernel` (d, [parts,] heads, head_dim) -> `(batch, heads, length, head_dim)`;
+    with `parts` > 1 (keys and values from one matmul), a tuple of that many."""
+    width = parts * num_heads * head_dim
+    projected = ops.matmul(inputs, ops.reshape(kernel, (-1, width)))
+    if bias is not None:
+        # `ops.add` of a bias vector is TensorFlow's BiasAdd, which oneDNN
+        # fuses into the matmul and whose gradient is one BiasAddGrad (a
+        # plain `+` broadcasts, and its gradient is a general reduction).
+        projected = ops.add(projected, ops.reshape(bias, (width,)))
+    # A static length (1 for a decoding step) spares the graph its shape arithmetic.
+    static_length = inputs.shape[1]
+    length = static_length if static_length is not None else ops.shape(inputs)[1]
+    if parts == 1 and static_length == 1:
+        # One position: putting heads before it moves no data, a reshape is enough.
+        return ops.reshape(projected, (-1, num_heads, 1, head_dim))
+    if parts == 1:
+        return ops.transpose(ops.reshape(projected, (-1, length, num_heads, head_dim)), (0, 2, 1, 3))
+    projected = ops.reshape(projected, (-1, length, parts, num_heads, head_dim))
+    # Unstacking (not slicing) keeps the backward pass to one stack.
+    return tuple(ops.unstack(ops.transpose(projected, (2, 0, 3, 1, 4)), num=parts, axis=0))
+
+
+def heads_last(attended):
+    """`(batch, heads, length, head_dim)` -> `(batch, length, heads, head_dim)`."""
+    if attended.shape[2] == 1:  # one position: a reshape, which moves no data
+        _, heads, _, head_dim = ops.shape(attended)
+        return ops.reshape(attended, (-1, 1, heads, head_dim))
+    return ops.transpose(attended, (0, 2, 1, 3))
+
+
+def combine_heads(attended, kernel, bias):
+    """Concat(head_1, ..., head_h) W^O: `(batch, length, heads, head_dim)` -> `(batch, length, d_model)`."""
+    heads, head_dim, output_dim = kernel.shape
+    static_length = attended.shape[1]
+    length = static_length if static_length is not None else ops.shape(attended)[1]
+    concatenated = ops.reshape(attended, (-1, length, heads * head_dim))
+    outputs = ops.matmul(concatenated, ops.reshape(kernel, (-1, output_dim)))
+    return outputs if bias is None else ops.add(outputs, bias)
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
-    """Multi-head attention (Section 3.2.2), with masks and local windows.
+    """Multi-head attention (Section 3.2.2): project, attend on every head, combine.
 
-    h heads each attend in a `head_dim`-sized projection of the inputs
-    (d_k = d_v = d_model / h by default), and W^O maps the concatenated heads
-    back to the query's feature size. Self-attention (no `value`) projects
-    Q, K and V with one matmul.
+    h heads each attend in a `head_dim`-sized projection of the inputs (d_k = d_v = d_model / h by
+    default), and W^O maps the concatenated heads back to the query's feature size.
 
     Args:
         num_heads: number of heads h.
-        key_dim: size of each head's query/key/value projection. Defaults to
-            d_model // num_heads, which requires num_heads to divide d_model.
+        key_dim: each head's query/key/value size (default: d_model // num_heads, which must divide).
         dropout: dropout rate on the attention weights.
         use_bias: whether the projections have biases.
-        sliding_window: if set to D, local attention: each query sees keys
-            within D positions of its aligned position (with the causal mask
-            and monotonic alignment, the previous D); see `local_attention`.
-        window_alignment: where the window is centred: "monotonic" (the
-            query's own position) or "predictive" (a position each query
-            predicts, with Gaussian weights).
+        sliding_window: D: each query sees only the keys within D positions of its own (with the
+            causal mask, the previous D); a window around a predicted position is `local_attention`'s.
         kernel_initializer, bias_initializer: initializers of the projections.
 
     Call arguments:
         query: `(batch, query_length, d_model)`.
         value: `(batch, key_length, d_value)`; omitted for self-attention.
         key: `(batch, key_length, d_value)`; defaults to `value`.
-        query_mask, value_mask, key_mask: `(batch, length)` padding masks;
-            filled in from the inputs' Keras masks when not given.
+        query_mask, value_mask, key_mask: `(batch, length)` padding masks (default: the inputs' Keras masks).
         attention_mask: extra boolean mask, `(batch, q_len, k_len)` or rank 4.
         use_causal_mask: hide keys after each query (decoder self-attention).
-        return_attention_scores: also return the weights `(batch, heads,
-            query_length, key_length)`.
+        return_attention_scores: also return the weights `(batch, heads, query_length, key_length)`.
         training: whether attention dropout is active.
 
     Returns:
-        `outputs (batch, query_length, d_model)`, or `(outputs, weights)`
-        when `return_attention_scores`.
+        `outputs (batch, query_length, d_model)`, or `(outputs, weights)` when `return_attention_scores`.
 
     Attributes:
         fused_attention: whether a call that returns no weights computes
-            them with the backend's fused kernel (`fused_dot_product_attention`).
-            None, the default, means yes on JAX and PyTorch, no on TensorFlow.
-            Attention dropout and predictive windows always take the explicit
-            path, which they need.
+            them with the backend's fused kernel (`fused_dot_product_attention`);
+            None, the default: yes on JAX and PyTorch, no on TensorFlow.
 
     Example:
     >>> attention = MultiHeadAttention(num_heads=8)
@@ -215,252 +254,113 @@ class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
     """
 
     fused_attention = None
+    hyperparameters = ("num_heads", "key_dim", "dropout", "use_bias", "sliding_window", "kernel_initializer",
+                       "bias_initializer")
 
-    hyperparameters = (
-        "num_heads",
-        "key_dim",
-        "dropout",
-        "use_bias",
-        "sliding_window",
-        "window_alignment",
-        "kernel_initializer",
-        "bias_initializer",
-    )
-
-    def __init__(
-        self,
-        num_heads,
-        key_dim=None,
-        dropout=0.0,
-        use_bias=True,
-        sliding_window=None,
-        window_alignment=local_attention.MONOTONIC,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        **kwargs,
-    ):
+    def __init__(self, num_heads, key_dim=None, dropout=0.0, use_bias=True, sliding_window=None,
+                 kernel_initializer="glorot_uniform", bias_initializer="zeros", **kwargs):
         super().__init__(**kwargs)
-        check_positive_int(num_heads=num_heads)
-        if key_dim is not None:
-            check_positive_int(key_dim=key_dim)
-        local_attention.check_window(sliding_window, window_alignment)
+        optional = {"key_dim": key_dim, "sliding_window": sliding_window}
+        check_positive_int(num_heads=num_heads, **{name: size for name, size in optional.items() if size is not None})
         check_rate(dropout=dropout)
         self.store_hyperparameters(locals())
-        # Names such as "glorot_uniform" become initializer objects (saved as their config).
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True
         self.seed_generator = keras.random.SeedGenerator()
 
-    @property
-    def predictive(self):
-        return self.window_alignment == local_attention.PREDICTIVE
-
     def build(self, query_shape, value_shape=None, key_shape=None):
         query_dim = query_shape[-1]
         value_dim = query_dim if value_shape is None else value_shape[-1]
         if key_shape is not None and key_shape[-1] != value_dim:
-            raise ValueError(
-                f"key and value must have the same feature size; got key {key_shape[-1]} "
-                f"and value {value_dim}"
-            )
+            raise ValueError(f"key and value must have the same feature size; got key {key_shape[-1]} "
+                             f"and value {value_dim}")
         if self.key_dim is None:
             check_heads_divide(query_dim, self.num_heads)
-            self.head_dim = query_dim // self.num_heads
-        else:
-            self.head_dim = self.key_dim
-        self.output_dim = query_dim
-
-        def weight(name, shape, initializer):
-            return self.add_weight(name=name, shape=shape, initializer=initializer)
-
-        heads, head_dim = self.num_heads, self.head_dim
-        # W^Q; W^K and W^V side by side, so K and V come from one matmul.
-        self.query_kernel = weight("query_kernel", (query_dim, heads, head_dim), self.kernel_initializer)
-        self.key_value_kernel = weight(
-            "key_value_kernel", (value_dim, 2, heads, head_dim), self.kernel_initializer
-        )
-        self.output_kernel = weight("output_kernel", (heads, head_dim, query_dim), self.kernel_initializer)
+        self.head_dim = self.key_dim or query_dim // self.num_heads
+        # Equation (1)'s 1/sqrt(d_k), folded into W^Q and its bias: cheaper than scaling every query.
+        self.query_scale = 1.0 / math.sqrt(self.head_dim)
+        heads, head_dim, kernel, bias = self.num_heads, self.head_dim, self.kernel_initializer, self.bias_initializer
+        weight = self.add_weight
+        # W^Q; W^K and W^V side by side, so K and V come from one matmul; W^O.
+        self.query_kernel = weight(name="query_kernel", shape=(query_dim, heads, head_dim), initializer=kernel)
+        self.key_value_kernel = weight(name="key_value_kernel", shape=(value_dim, 2, heads, head_dim),
+                                       initializer=kernel)
+        self.output_kernel = weight(name="output_kernel", shape=(heads, head_dim, query_dim), initializer=kernel)
         if self.use_bias:
-            self.query_bias = weight("query_bias", (heads, head_dim), self.bias_initializer)
-            self.key_value_bias = weight("key_value_bias", (2, heads, head_dim), self.bias_initializer)
-            self.output_bias = weight("output_bias", (query_dim,), self.bias_initializer)
-        if self.predictive:
-            # W_p and v_p of p_t = S sigmoid(v_p^T tanh(W_p h_t)); one v_p column per head.
-            self.alignment_kernel = weight("alignment_kernel", (query_dim, query_dim), self.kernel_initializer)
-            self.alignment_vector = weight("alignment_vector", (query_dim, heads), self.kernel_initializer)
+            self.query_bias = weight(name="query_bias", shape=(heads, head_dim), initializer=bias)
+            self.key_value_bias = weight(name="key_value_bias", shape=(2, heads, head_dim), initializer=bias)
+            self.output_bias = weight(name="output_bias", shape=(query_dim,), initializer=bias)
 
-    # -- the call: project, mask, attend, combine --------------------------------
-
-    def call(
-        self,
-        query,
-        value=None,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        return_attention_scores=False,
-        training=None,
-    ):
+    def call(self, query, value=None, key=None, query_mask=None, value_mask=None, key_mask=None, attention_mask=None,
+             use_causal_mask=False, return_attention_scores=False, training=None):
         # 1. Project: Q W^Q / sqrt(d_k), K W^K, V W^V, each (batch, heads, length, head_dim).
         if value is None:
+            # The fast path of self-attention: Q, K and V from one matmul by [W^Q W^K W^V].
             queries, keys, values = self._project_self_attention(query)
         else:
             queries = self._project_queries(query)
             keys, values = self._project_keys_values(value, key)
         # 2. Mask: which keys each query may see, broadcastable to (batch, heads, query_length, key_length).
         key_padding = key_mask if key_mask is not None else value_mask
-        mask, gaussian = self._mask(
-            query, ops.shape(queries)[2], ops.shape(keys)[2], query_mask, key_padding, attention_mask, use_causal_mask
-        )
+        mask, weight_scale = self._mask(query, ops.shape(queries)[2], ops.shape(keys)[2], query_mask, key_padding,
+                                        attention_mask, use_causal_mask)
         # 3. Attend: equation (1) per head -> (batch, query_length, heads, head_dim), weights or None.
-        attended, weights = self._attend(queries, keys, values, mask, gaussian, return_attention_scores, training)
+        attended, weights = self._attend(queries, keys, values, mask, weight_scale, return_attention_scores, training)
         # 4. Combine: Concat(head_1, ..., head_h) W^O -> (batch, query_length, d_model).
-        outputs = self._combine_heads(attended)
+        outputs = combine_heads(attended, self.output_kernel, self.output_bias if self.use_bias else None)
         return (outputs, weights) if return_attention_scores else outputs
 
     def _mask(self, query, query_length, key_length, query_mask, key_padding, attention_mask, causal, **decoding):
-        """The boolean mask, and the Gaussian weighting of a predictive window (else None).
+        """The boolean mask, and a scale of the weights (None; `local_attention`'s has one). `decoding`: a cached
+        step's `offset` and `valid_key_length` (`cached_attention`, `masks.merge_attention_masks`)."""
+        return merge_attention_masks(query_length, key_length, query_mask=query_mask, key_mask=key_padding,
+                                     attention_mask=attention_mask, causal=causal, sliding_window=self.sliding_window,
+                                     **decoding), None
 
-        `decoding`: `offset` and `valid_key_length`, which only a cached
-        decoding step passes (`cached_attention`; see `masks.merge_attention_masks`).
-        """
-        mask = merge_attention_masks(
-            query_length,
-            key_length,
-            query_mask=query_mask,
-            key_mask=key_padding,
-            attention_mask=attention_mask,
-            causal=causal,
-            # A predicted window is not one around the query's own position.
-            sliding_window=None if self.predictive else self.sliding_window,
-            **decoding,
-        )
-        if not self.predictive:
-            return mask, None
-        positions = self.aligned_positions(query, key_padding, key_length)
-        window, gaussian = local_attention.predictive_window(positions, key_length, self.sliding_window)
-        return (window if mask is None else ops.logical_and(mask, window)), gaussian
-
-    def _attend(self, queries, keys, values, mask, gaussian, return_attention_scores, training):
+    def _attend(self, queries, keys, values, mask, weight_scale, return_attention_scores, training):
         """Equation (1) on every head: `(attended (batch, query_length, heads, head_dim), weights or None)`."""
-        if self._use_fused_attention(return_attention_scores, training):
+        fused = self.fused_attention
+        fused = keras.backend.backend() in FUSED_ATTENTION_BACKENDS if fused is None else fused
+        # The fused kernel returns no weights, drops none out and scales none.
+        explicit = return_attention_scores or (bool(training) and self.dropout > 0) or weight_scale is not None
+        if fused and not explicit:
             # The kernel leaves heads after the positions, where W^O wants them.
             return fused_dot_product_attention(queries, keys, values, mask=mask), None
         attended, weights = scaled_dot_product_attention(
-            queries,
-            keys,
-            values,
-            mask=mask,
-            dropout_rate=self.dropout,
-            training=training,
-            seed=self.seed_generator,
+            queries, keys, values, mask=mask, dropout_rate=self.dropout, training=training, seed=self.seed_generator,
             scale=1.0,  # folded into the queries' projection
-            weight_scale=gaussian,
+            weight_scale=weight_scale,
         )
-        return self._heads_last(attended), weights
+        return heads_last(attended), weights
 
-    def _use_fused_attention(self, return_attention_scores, training):
-        fused = self.fused_attention
-        if fused is None:
-            fused = keras.backend.backend() in FUSED_ATTENTION_BACKENDS
-        # The kernel returns no weights, drops none out and scales none by a Gaussian.
-        attention_dropout = bool(training) and self.dropout > 0
-        return fused and not (return_attention_scores or attention_dropout or self.predictive)
-
-    def aligned_positions(self, query, key_mask, key_length):
-        """A predictive window's centres p_t: `(batch, heads, query_length)` (see `local_attention`)."""
-        return local_attention.aligned_positions(
-            query, self._weight(self.alignment_kernel), self._weight(self.alignment_vector), key_mask, key_length
-        )
-
-    # -- projections -------------------------------------------------------
+    # -- projections ---------------------------------------------------------------
 
     def _weight(self, variable):
-        # Inside `call` Keras already reads weights in the compute dtype; methods
-        # called outside it (`CachedMultiHeadAttention.compute_cache`) must too.
+        # In the compute dtype, as `call` reads weights, for methods called outside it (`compute_cache`).
         return ops.cast(variable, self.compute_dtype)
-
-    # Each projection is one plain 2-D matrix product over all positions,
-    # (batch * length, d_model) x (d_model, parts * heads * head_dim), the
-    # shape CPU and GPU matmul kernels run fastest; a single transpose then
-    # puts heads on their own axis. The kernels keep their per-head shapes
-    # (and checkpoints their layout); they are only viewed as 2-D here.
-
-    def _project(self, inputs, kernel, bias, parts=1):
-        """`inputs` (batch, length, d) -> `(batch, heads, length, head_dim)`;
-        with `parts` > 1, that many such tensors stacked on a new leading axis."""
-        width = parts * self.num_heads * self.head_dim
-        projected = ops.matmul(inputs, ops.reshape(kernel, (-1, width)))
-        if self.use_bias:
-            # `ops.add` of a bias vector is TensorFlow's BiasAdd, which oneDNN
-            # fuses into the matmul and whose gradient is one BiasAddGrad (a
-            # plain `+` broadcasts, and its gradient is a general reduction).
-            projected = ops.add(projected, ops.reshape(bias, (width,)))
-        # A static length (1 for a decoding step) spares the graph its shape arithmetic.
-        static_length = inputs.shape[1]
-        length = static_length if static_length is not None else ops.shape(inputs)[1]
-        heads, head_dim = self.num_heads, self.head_dim
-        if parts == 1 and static_length == 1:
-            # One position: putting heads before it moves no data, a reshape is enough.
-            return ops.reshape(projected, (-1, heads, 1, head_dim))
-        if parts == 1:
-            return ops.transpose(ops.reshape(projected, (-1, length, heads, head_dim)), (0, 2, 1, 3))
-        projected = ops.reshape(projected, (-1, length, parts, heads, head_dim))
-        # Unstacking (not slicing) keeps the backward pass to one stack.
-        return tuple(ops.unstack(ops.transpose(projected, (2, 0, 3, 1, 4)), num=parts, axis=0))
-
-    # Equation (1)'s 1/sqrt(d_k) is folded into W^Q (and its bias): scaling
-    # a d_model x d_model matrix is cheaper than scaling every query.
-
-    def _query_scale(self):
-        return 1.0 / math.sqrt(self.head_dim)
 
     def _project_queries(self, query):
         """Q W^Q / sqrt(d_k): `(batch, heads, length, head_dim)`."""
-        scale = ops.cast(self._query_scale(), self.compute_dtype)
-        kernel = self._weight(self.query_kernel)
-        bias = self._weight(self.query_bias) if self.use_bias else None
-        return self._project(query, kernel * scale, None if bias is None else bias * scale)
+        scale = ops.cast(self.query_scale, self.compute_dtype)
+        bias = self._weight(self.query_bias) * scale if self.use_bias else None
+        return project_heads(query, self._weight(self.query_kernel) * scale, bias, self.num_heads, self.head_dim)
 
     def _project_keys_values(self, value, key=None):
         """`(keys, values)`, each `(batch, heads, length, head_dim)`; one matmul when `key` is None."""
         kernel = self._weight(self.key_value_kernel)
         bias = self._weight(self.key_value_bias) if self.use_bias else None
         if key is None:
-            return self._project(value, kernel, bias, parts=2)
-        keys = self._project(key, kernel[:, 0], None if bias is None else bias[0])
-        values = self._project(value, kernel[:, 1], None if bias is None else bias[1])
-        return keys, values
+            return project_heads(value, kernel, bias, self.num_heads, self.head_dim, parts=2)
+        return (project_heads(key, kernel[:, 0], None if bias is None else bias[0], self.num_heads, self.head_dim),
+                project_heads(value, kernel[:, 1], None if bias is None else bias[1], self.num_heads, self.head_dim))
 
     def _project_self_attention(self, inputs):
         """Q, K and V of self-attention from one matmul with [W^Q W^K W^V]."""
-        scale = ops.cast(self._query_scale(), self.compute_dtype)
+        scale = ops.cast(self.query_scale, self.compute_dtype)
         kernel = ops.concatenate([self.query_kernel[:, None] * scale, self.key_value_kernel], axis=1)
-        bias = None
-        if self.use_bias:
-            bias = ops.concatenate([self.query_bias[None] * scale, self.key_value_bias], axis=0)
-        return self._project(inputs, kernel, bias, parts=3)
-
-    def _heads_last(self, attended):
-        """`(batch, heads, length, head_dim)` -> `(batch, length, heads, head_dim)`."""
-        if attended.shape[2] == 1:  # one position: a reshape, which moves no data
-            return ops.reshape(attended, (-1, 1, self.num_heads, self.head_dim))
-        return ops.transpose(attended, (0, 2, 1, 3))
-
-    def _combine_heads(self, attended):
-        """Concat(head_1, ..., head_h) W^O: `(batch, length, heads, head_dim)` -> `(batch, length, d_model)`."""
-        width = self.num_heads * self.head_dim
-        static_length = attended.shape[1]
-        length = static_length if static_length is not None else ops.shape(attended)[1]
-        concatenated = ops.reshape(attended, (-1, length, width))
-        outputs = ops.matmul(concatenated, ops.reshape(self.output_kernel, (-1, self.output_dim)))
-        if self.use_bias:
-            outputs = ops.add(outputs, self.output_bias)
-        return outputs
+        bias = ops.concatenate([self.query_bias[None] * scale, self.key_value_bias], axis=0) if self.use_bias else None
+        return project_heads(inputs, kernel, bias, self.num_heads, self.head_dim, parts=3)
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
         return query_shape

@@ -32,7 +32,8 @@ import contextvars
 import keras
 from keras import ops
 
-from keras_transformer.layers.attention import MultiHeadAttention
+from keras_transformer.layers.attention import MultiHeadAttention, combine_heads, project_heads
+from keras_transformer.layers.local_attention import PredictiveLocalAttention
 
 
 def write_cache(cache, new_keys_values, cache_index):
@@ -206,7 +207,7 @@ class CachedMultiHeadAttention(MultiHeadAttention):
         else:
             if value is not None or key is not None:
                 raise ValueError("a decoding step attends to its own cache: pass no value or key with cache_index")
-            if self.predictive:
+            if isinstance(self, PredictiveLocalAttention):
                 # p_t scales with the key count, which a growing self-attention cache does not have yet.
                 raise ValueError(
                     "predictive local attention is for a fixed context (cross-attention), not a decoding cache"
@@ -221,13 +222,13 @@ class CachedMultiHeadAttention(MultiHeadAttention):
                 offset=cache_index, valid_key_length=valid_key_length,
             )
         attended, _ = self._attend(queries, keys, values, mask, gaussian, False, training)
-        return self._combine_heads(attended), cache
+        return combine_heads(attended, self.output_kernel, self.output_bias if self.use_bias else None), cache
 
     def _project_step_queries(self, query):
         """Q W^Q / sqrt(d_k) for a step's few queries, which are cheaper to scale than W^Q."""
         bias = self._weight(self.query_bias) if self.use_bias else None
-        queries = self._project(query, self._weight(self.query_kernel), bias)
-        return queries * ops.cast(self._query_scale(), self.compute_dtype)
+        queries = project_heads(query, self._weight(self.query_kernel), bias, self.num_heads, self.head_dim)
+        return queries * ops.cast(self.query_scale, self.compute_dtype)
 
     def _project_new_keys_values(self, inputs):
         """A decoding step's `(keys, values)`, each `(batch, heads, new, head_dim)`, from one matmul with [W^K W^V].
@@ -253,3 +254,11 @@ class CachedMultiHeadAttention(MultiHeadAttention):
         """A zero self-attention cache for `max_length` positions: `(keys, values)`."""
         shape = (batch_size, self.num_heads, max_length, self.head_dim)
         return tuple(ops.zeros(shape, dtype=dtype or self.compute_dtype) for _ in range(2))
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class CachedPredictiveLocalAttention(CachedMultiHeadAttention, PredictiveLocalAttention):
+    """`PredictiveLocalAttention` that also decodes on a fixed context's cache (the decoder's cross-attention).
+
+    Args, call arguments and returns: `PredictiveLocalAttention`'s and `CachedMultiHeadAttention`'s.
+    """

@@ -3,9 +3,9 @@
 "Effective Approaches to Attention-based Neural Machine Translation" lets
 each query see only the 2D+1 keys around an aligned position p_t:
 
-* monotonic (`window_alignment="monotonic"`): p_t = t, the query's own
-  position; a sliding window, which `masks.sliding_window_mask` draws.
-* predictive (`"predictive"`): each query predicts where it is aligned,
+* monotonic: p_t = t, the query's own position; a sliding window, which
+  `masks.sliding_window_mask` draws (`MultiHeadAttention(sliding_window=D)`).
+* predictive: each query predicts where it is aligned (`PredictiveLocalAttention`),
 
       p_t = S * sigmoid(v_p^T tanh(W_p h_t))        (S: the real keys' count)
 
@@ -19,14 +19,19 @@ each query see only the 2D+1 keys around an aligned position p_t:
   It depends on the query alone, so a decoding step computes it as a full
   pass does.
 
-`MultiHeadAttention(sliding_window=D, window_alignment=...)` owns W_p and v_p
-and takes the window as a mask and the Gaussian as a weighting of equation
-(1)'s weights (`scaled_dot_product_attention(weight_scale=...)`).
+`PredictiveLocalAttention` is `MultiHeadAttention` with W_p and v_p, which
+takes the window as its mask and the Gaussian as a weighting of equation
+(1)'s weights (`scaled_dot_product_attention(weight_scale=...)`); the rest,
+projections and heads, is its parent's. A layer's `window_alignment`
+("monotonic" or "predictive") says which of the two it uses.
 """
 
+import keras
 from keras import ops
 
+from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.checks import check_positive_int
+from keras_transformer.layers.masks import merge_attention_masks
 
 MONOTONIC, PREDICTIVE = "monotonic", "predictive"
 WINDOW_ALIGNMENTS = (MONOTONIC, PREDICTIVE)
@@ -42,7 +47,7 @@ def check_window(sliding_window, window_alignment):
         raise ValueError("window_alignment='predictive' needs sliding_window, the window's half-width D")
 
 
-def aligned_positions(query, alignment_kernel, alignment_vector, key_mask, key_length):
+def predict_positions(query, alignment_kernel, alignment_vector, key_mask, key_length):
     """p_t = S sigmoid(v_p^T tanh(W_p h_t)): `(batch, heads, query_length)` float32 positions in [0, S].
 
     Args:
@@ -74,3 +79,52 @@ def predictive_window(positions, key_length, half_width):
     window = ops.abs(distance) <= half_width
     sigma = half_width / 2.0
     return window, ops.exp(-ops.square(distance) / (2.0 * sigma * sigma))
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class PredictiveLocalAttention(MultiHeadAttention):
+    """`MultiHeadAttention` on the 2D+1 keys around a position each query predicts (local-p, above).
+
+    It adds W_p and v_p to its parent's weights, and changes the mask (the
+    predicted window, not one around the query's own position) and the
+    weights (times the Gaussian). It is for a fixed context, cross-attention:
+    p_t scales with the key count, which a growing decoding cache does not
+    have yet.
+
+    Args:
+        num_heads: as for `MultiHeadAttention`.
+        sliding_window: D, the window's half-width.
+        **kwargs: `MultiHeadAttention`'s other arguments.
+
+    Call arguments and returns: `MultiHeadAttention`'s.
+
+    Example:
+    >>> attention = PredictiveLocalAttention(num_heads=2, sliding_window=3)
+    >>> attention(keras.random.normal((2, 5, 16)), keras.random.normal((2, 12, 16))).shape  # (2, 5, 16)
+    """
+
+    def __init__(self, num_heads, sliding_window, **kwargs):
+        check_positive_int(sliding_window=sliding_window)
+        super().__init__(num_heads, sliding_window=sliding_window, **kwargs)
+
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        super().build(query_shape, value_shape, key_shape)
+        query_dim, initializer = query_shape[-1], self.kernel_initializer
+        # W_p and v_p of p_t = S sigmoid(v_p^T tanh(W_p h_t)); one v_p column per head.
+        self.alignment_kernel = self.add_weight(name="alignment_kernel", shape=(query_dim, query_dim),
+                                                initializer=initializer)
+        self.alignment_vector = self.add_weight(name="alignment_vector", shape=(query_dim, self.num_heads),
+                                                initializer=initializer)
+
+    def _mask(self, query, query_length, key_length, query_mask, key_padding, attention_mask, causal, **decoding):
+        # No window around the query's own position: the predicted one, and its Gaussian.
+        mask = merge_attention_masks(query_length, key_length, query_mask=query_mask, key_mask=key_padding,
+                                     attention_mask=attention_mask, causal=causal, **decoding)
+        positions = self.aligned_positions(query, key_padding, key_length)
+        window, gaussian = predictive_window(positions, key_length, self.sliding_window)
+        return (window if mask is None else ops.logical_and(mask, window)), gaussian
+
+    def aligned_positions(self, query, key_mask, key_length):
+        """The window's centres p_t: `(batch, heads, query_length)` (see `predict_positions`)."""
+        return predict_positions(query, self._weight(self.alignment_kernel), self._weight(self.alignment_vector),
+                                 key_mask, key_length)

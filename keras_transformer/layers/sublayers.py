@@ -18,13 +18,23 @@ layer adds a second, cross-attention `AttentionSublayer` between them.
 
 import keras
 
+from keras_transformer.layers import local_attention
 from keras_transformer.layers.attention import MultiHeadAttention
-from keras_transformer.layers.cached_attention import CachedMultiHeadAttention
+from keras_transformer.layers.cached_attention import CachedMultiHeadAttention, CachedPredictiveLocalAttention
 from keras_transformer.layers.checks import check_positive_int, check_rate
 from keras_transformer.layers.config import Hyperparameters
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.feed_forward import FeedForward
 from keras_transformer.layers.masks import keras_mask
+
+
+# The attention layer of a sub-layer: (cached, predictive window) -> its class.
+_ATTENTION = {
+    (False, False): MultiHeadAttention,
+    (True, False): CachedMultiHeadAttention,
+    (False, True): local_attention.PredictiveLocalAttention,
+    (True, True): CachedPredictiveLocalAttention,
+}
 
 
 class ResidualSublayer(Hyperparameters, keras.layers.Layer):
@@ -67,8 +77,8 @@ class AttentionSublayer(ResidualSublayer):
         epsilon: LayerNorm epsilon.
         causal: hide later positions (decoder self-attention).
         sliding_window: local attention window, or None for global.
-        window_alignment: where the window is centred, "monotonic" or
-            "predictive" (see `MultiHeadAttention`).
+        window_alignment: where the window is centred, "monotonic" (the
+            query's own position) or "predictive" (see `local_attention`).
         attention_dropout: dropout on attention weights (not in the paper).
         cached: the attention can decode on a cache (a decoder's:
             `CachedMultiHeadAttention` and `decode_step`).
@@ -111,13 +121,13 @@ class AttentionSublayer(ResidualSublayer):
         **kwargs,
     ):
         super().__init__(dropout=dropout, norm_first=norm_first, epsilon=epsilon, **kwargs)
+        local_attention.check_window(sliding_window, window_alignment)
         self.store_hyperparameters(locals())
-        attention = CachedMultiHeadAttention if cached else MultiHeadAttention
+        attention = _ATTENTION[cached, window_alignment == local_attention.PREDICTIVE]
         self.attention = attention(
             num_heads,
             dropout=attention_dropout,
             sliding_window=sliding_window,
-            window_alignment=window_alignment,
             dtype=self.dtype_policy,
             name="attention",
         )
