@@ -22,6 +22,7 @@ once a command runs.
 """
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -99,36 +100,37 @@ def build_parser():
     return parser
 
 
-def _add_train_command(commands):
+def _add_training_command(commands, name, task, handler, help):
+    """A command that trains a run of `task`: its config options and the run directory's arguments."""
+    command = commands.add_parser(name, help=help)
+    _add_config_options(command, task)
+    _add_run_directory_arguments(command)
+    command.set_defaults(handler=handler)
+    return command
 
-    train = commands.add_parser("train", help="train a translation model into a run directory")
-    _add_config_options(train, options.TRANSLATION)
-    _add_run_directory_arguments(train)
+
+def _add_train_command(commands):
+    train = _add_training_command(commands, "train", options.TRANSLATION, _train,
+                                  "train a translation model into a run directory")
     train.add_argument("--no-evaluate", action="store_true", help="skip the validation BLEU at the end")
-    train.set_defaults(handler=_train)
 
 
 def _add_train_classifier_command(commands):
-    classifier = commands.add_parser("train-classifier", help="train an encoder-only text classifier")
-    _add_config_options(classifier, options.CLASSIFICATION)
-    _add_run_directory_arguments(classifier)
-    classifier.set_defaults(handler=_train_classifier)
+    _add_training_command(commands, "train-classifier", options.CLASSIFICATION,
+                          functools.partial(_train_and_report, task=options.CLASSIFICATION),
+                          "train an encoder-only text classifier")
 
 
 def _add_pretrain_command(commands):
-    pretrain = commands.add_parser(
-        "pretrain", help="pre-train a classifier's encoder on unlabelled text (masked language modelling)"
-    )
-    _add_config_options(pretrain, options.PRETRAINING)
-    _add_run_directory_arguments(pretrain)
-    pretrain.set_defaults(handler=_pretrain)
+    _add_training_command(commands, "pretrain", options.PRETRAINING,
+                          functools.partial(_train_and_report, task=options.PRETRAINING),
+                          "pre-train a classifier's encoder on unlabelled text (masked language modelling)")
 
 
 def _add_train_lm_command(commands):
-    language_model = commands.add_parser("train-lm", help="train a GPT-style language model (the decoder alone)")
-    _add_config_options(language_model, options.LANGUAGE_MODEL)
-    _add_run_directory_arguments(language_model)
-    language_model.set_defaults(handler=_train_language_model)
+    _add_training_command(commands, "train-lm", options.LANGUAGE_MODEL,
+                          functools.partial(_train_and_report, task=options.LANGUAGE_MODEL),
+                          "train a GPT-style language model (the decoder alone)")
 
 
 def _add_generate_command(commands):
@@ -307,15 +309,26 @@ def _finished(metrics, out):
     return True
 
 
-def _train(arguments):
+def _trained(arguments, task):
+    """Train (or continue) the run `arguments` describe: its metrics, or None when there is nothing to report."""
     _split_cpu_first(arguments)
+    from keras_transformer.runs import task_module
+
+    metrics = task_module(task).train(_config_from_arguments(arguments, task), arguments.out,
+                                      overwrite=arguments.overwrite)
+    # A translation run's are its training's alone; the others' have a section per split.
+    training = metrics if task == options.TRANSLATION else metrics["training"]
+    if _finished(training, arguments.out) or not _reports():
+        return None
+    return metrics
+
+
+def _train(arguments):
+    training = _trained(arguments, options.TRANSLATION)
+    if training is None:
+        return
     from keras_transformer.runs import translation
 
-    training = translation.train(
-        _config_from_arguments(arguments, options.TRANSLATION), arguments.out, overwrite=arguments.overwrite
-    )
-    if _finished(training, arguments.out) or not _reports():
-        return
     print(
         f"\ntrained {training['epochs_this_session']} epoch(s) in {training['seconds_this_session']:.0f}s "
         f"({training['seconds_per_epoch']:.0f}s/epoch, {training['parameters']:,} parameters)"
@@ -340,57 +353,28 @@ def _import_hf(arguments):
     print(f"fine-tune it:  keras-transformer train --init-from {arguments.run_dir} --dataset files ... --out ...")
 
 
-def _train_classifier(arguments):
-    _split_cpu_first(arguments)
-    from keras_transformer.runs import classification
-
-    metrics = classification.train(
-        _config_from_arguments(arguments, options.CLASSIFICATION), arguments.out, overwrite=arguments.overwrite
-    )
-    if _finished(metrics["training"], arguments.out) or not _reports():
+def _train_and_report(arguments, task):
+    """`train-classifier`, `pretrain`, `train-lm`: train, then print the result, the run directory, what next."""
+    metrics = _trained(arguments, task)
+    if metrics is None:
         return
-    print(
-        f"\nvalidation accuracy {metrics['val']['accuracy']:.4f} on {metrics['val']['examples']} examples; "
-        f"{metrics['training']['seconds_per_epoch']:.0f}s/epoch"
-    )
-    print(f"run directory: {arguments.out}")
-    print(f"try it:        keras-transformer classify {arguments.out} \"...\"")
-    print(f"TensorBoard:   tensorboard --logdir {arguments.out}/logs   (Projector: the [CLS] embeddings)")
-
-
-def _pretrain(arguments):
-    _split_cpu_first(arguments)
-    from keras_transformer.runs import pretraining
-
-    metrics = pretraining.train(
-        _config_from_arguments(arguments, options.PRETRAINING), arguments.out, overwrite=arguments.overwrite
-    )
-    if _finished(metrics["training"], arguments.out) or not _reports():
-        return
-    print(
-        f"\nvalidation: {metrics['val']['masked_accuracy']:.4f} of the hidden tokens guessed, on "
-        f"{metrics['val']['texts']} texts; {metrics['training']['seconds_per_epoch']:.0f}s/epoch"
-    )
-    print(f"run directory: {arguments.out}")
-    print(f"next:          keras-transformer train-classifier --init-from {arguments.out} --dataset ... --out ...")
-
-
-def _train_language_model(arguments):
-    _split_cpu_first(arguments)
-    from keras_transformer.runs import language_model
-
-    metrics = language_model.train(
-        _config_from_arguments(arguments, options.LANGUAGE_MODEL), arguments.out, overwrite=arguments.overwrite
-    )
-    if _finished(metrics["training"], arguments.out) or not _reports():
-        return
-    final = metrics["training"]["final"]
-    print(
-        f"\nvalidation perplexity {final['val_perplexity']:.2f} (per token); "
-        f"{metrics['training']['seconds_per_epoch']:.0f}s/epoch"
-    )
-    print(f"run directory: {arguments.out}")
-    print(f"try it:        keras-transformer generate {arguments.out} \"...\" --seed 1")
+    val, training, out = metrics.get("val", {}), metrics["training"], arguments.out
+    per_epoch = f"{training['seconds_per_epoch']:.0f}s/epoch"
+    if task == options.CLASSIFICATION:
+        lines = (f"validation accuracy {val['accuracy']:.4f} on {val['examples']} examples; {per_epoch}",
+                 f"run directory: {out}",
+                 f"try it:        keras-transformer classify {out} \"...\"",
+                 f"TensorBoard:   tensorboard --logdir {out}/logs   (Projector: the [CLS] embeddings)")
+    elif task == options.PRETRAINING:
+        lines = (f"validation: {val['masked_accuracy']:.4f} of the hidden tokens guessed, on {val['texts']} texts; "
+                 f"{per_epoch}",
+                 f"run directory: {out}",
+                 f"next:          keras-transformer train-classifier --init-from {out} --dataset ... --out ...")
+    else:
+        lines = (f"validation perplexity {training['final']['val_perplexity']:.2f} (per token); {per_epoch}",
+                 f"run directory: {out}",
+                 f"try it:        keras-transformer generate {out} \"...\" --seed 1")
+    print("\n" + "\n".join(lines))
 
 
 def _generate(arguments):
@@ -592,9 +576,9 @@ def _export(arguments):
         print(f"exported LiteRT model: {path}")
         print(f"try it:     keras-transformer {command} --litert {path} \"...\"")
         return
+    if arguments.format in ("hf", "ctranslate2") and (task != options.TRANSLATION or arguments.version):
+        raise ValueError(f"--format {arguments.format} exports a translation run, to a new directory (no --version)")
     if arguments.format == "hf":
-        if task != options.TRANSLATION or arguments.version:
-            raise ValueError("--format hf exports a translation run, to a new directory (no --version)")
         if arguments.beam_size or arguments.length_penalty is not None or arguments.max_output_length:
             raise ValueError("--format hf writes the run's own decoding settings (no --beam-size, --length-penalty "
                              "or --max-output-length)")
@@ -605,8 +589,6 @@ def _export(arguments):
         print(f"try it:     keras-transformer import-hf {path} RUN_DIR, or from_pretrained({path!r}) in transformers")
         return
     if arguments.format == "ctranslate2":
-        if task != options.TRANSLATION or arguments.version:
-            raise ValueError("--format ctranslate2 exports a translation run, to a new directory (no --version)")
         path = task_module(task).export_ctranslate2(
             arguments.run_dir, arguments.export_base, quantization=arguments.quantization,
             beam_size=arguments.beam_size, length_alpha=arguments.length_penalty,

@@ -173,26 +173,11 @@ class CachedMultiHeadAttention(MultiHeadAttention):
     >>> outputs, cache = attention(token, use_causal_mask=True, cache=cache, cache_index=0)
     """
 
-    def call(
-        self,
-        query,
-        value=None,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        return_attention_scores=False,
-        training=None,
-        cache=None,
-        cache_index=None,
-    ):
+    def call(self, query, value=None, key=None, query_mask=None, value_mask=None, key_mask=None, attention_mask=None,
+             use_causal_mask=False, return_attention_scores=False, training=None, cache=None, cache_index=None):
         if cache is None:
-            return super().call(
-                query, value, key, query_mask, value_mask, key_mask, attention_mask, use_causal_mask,
-                return_attention_scores, training,
-            )
+            return super().call(query, value, key, query_mask, value_mask, key_mask, attention_mask, use_causal_mask,
+                                return_attention_scores, training)
         if return_attention_scores:
             raise ValueError("attention scores come from a full pass, not from a decoding cache")
         queries = self._project_step_queries(query)

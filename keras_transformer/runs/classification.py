@@ -109,18 +109,9 @@ def _train(config, run_dir, verbose, overwrite):
         logger.info("encoder initialised from %s", settings["init_from"])
     logger.info("model: %d parameters, %d replica(s)", model.count_params(), replicas)
 
-    callbacks = runs.training_callbacks(
-        run_dir, settings, state, epoch_variables=[train_epoch], averaged_weights=settings["ema_momentum"] is not None
-    )
-    callbacks += _sample_callbacks(run_dir, settings, config["model"]["pooling"], examples["val"], text_tokenizer)
-    if settings["steps_per_epoch"]:
-        train_batches = train_batches.repeat()
-    training_metrics = runs.fit(
-        model, run_dir, state, train_batches,
-        dict(validation_data=val_batches, epochs=settings["epochs"], steps_per_epoch=settings["steps_per_epoch"],
-             verbose=verbose),
-        callbacks,
-    )
+    samples = _sample_callbacks(run_dir, settings, config["model"]["pooling"], examples["val"], text_tokenizer)
+    training_metrics = runs.fit_epochs(model, run_dir, state, settings, (train_batches, val_batches, train_epoch),
+                                       samples, verbose)
     training_metrics.update(train_examples=len(examples["train"]), replicas=replicas)
     _, accuracy = model.evaluate(val_batches, verbose=0)
     return runs.update_metrics(

@@ -85,17 +85,8 @@ def _train(config, run_dir, verbose, overwrite):
         model = build_model(config, text_tokenizer.vocab_size)
         compile_model(model, config)
     logger.info("masked language model: %d parameters, %d texts", model.count_params(), len(texts["train"]))
-    callbacks = runs.training_callbacks(
-        run_dir, settings, state, epoch_variables=[train_epoch], averaged_weights=settings["ema_momentum"] is not None
-    )
-    if settings["steps_per_epoch"]:
-        train_batches = train_batches.repeat()
-    metrics = runs.fit(
-        model, run_dir, state, train_batches,
-        dict(validation_data=val_batches, epochs=settings["epochs"], steps_per_epoch=settings["steps_per_epoch"],
-             verbose=verbose),
-        callbacks,
-    )
+    metrics = runs.fit_epochs(model, run_dir, state, settings, (train_batches, val_batches, train_epoch),
+                              verbose=verbose)
     metrics.update(train_texts=len(texts["train"]), replicas=strategy.num_replicas_in_sync)
     scores = model.evaluate(val_batches, verbose=0, return_dict=True)
     return runs.update_metrics(

@@ -352,6 +352,24 @@ def _skipped(train_dataset, batches):
     return train_dataset.skip(batches) if batches else train_dataset
 
 
+def fit_epochs(model, run_dir, state, settings, batches, more_callbacks=(), verbose=1):
+    """`fit` as a run's `settings` say (epochs, steps per epoch, averaged weights), with the run's callbacks.
+
+    `batches`: `(training dataset, validation dataset, the variable that
+    sets each epoch's order)`; with `steps_per_epoch` the training data is
+    repeated. `more_callbacks` follow the run's own (samples for TensorBoard).
+    Returns what `fit` returns.
+    """
+    train_batches, val_batches, train_epoch = batches
+    callbacks = training_callbacks(run_dir, settings, state, epoch_variables=[train_epoch],
+                                   averaged_weights=settings["ema_momentum"] is not None) + list(more_callbacks)
+    if settings["steps_per_epoch"]:
+        train_batches = train_batches.repeat()
+    arguments = dict(validation_data=val_batches, epochs=settings["epochs"],
+                     steps_per_epoch=settings["steps_per_epoch"], verbose=verbose)
+    return fit(model, run_dir, state, train_batches, arguments, callbacks)
+
+
 def fit(model, run_dir, state, train_dataset, fit_arguments, callbacks):
     """`model.fit` for a run in `state`, then finish: the best checkpoint becomes `model.keras`.
 
