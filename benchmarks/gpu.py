@@ -194,18 +194,16 @@ def our_generate(model, beam_size, new_tokens):
         batch = ops.shape(source)[0]
         source = ops.repeat(source, beam_size, axis=0)  # beams folded into the batch
         memory = model.encode(source)
-        cache = model.build_cache(memory, max_length=new_tokens)
-        source_mask = padding_mask(source)
+        cache, source_state = model.build_cache(memory, new_tokens, padding_mask(source))
 
         def step(tokens, cache, index):
-            logits, cache = model.decode_step(tokens[:, None], cache, index, encoder_padding_mask=source_mask)
+            logits, cache = model.decode_step(tokens[:, None], cache, index, source_state)
             return logits[:, 0], cache
 
         def reorder(cache, rows):
             # Self-attention caches are (keys, values) of (rows, heads, length, key_dim); a sentence's
-            # beams share its source, so the cross-attention caches need no reordering.
-            return [{**layer, "self_attention": tuple(ops.take(part, rows, axis=0) for part in layer["self_attention"])}
-                    for layer in cache]
+            # beams share its source, so the source's keys and values need no reordering.
+            return [tuple(ops.take(part, rows, axis=0) for part in layer) for layer in cache]
 
         return search(step, cache, reorder, batch, beam_size, new_tokens)
 

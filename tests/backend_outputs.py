@@ -30,11 +30,10 @@ def translator_outputs(model, source, target):
     outputs.update({f"scores/{name}": numpy(value) for name, value in scores.items()})
     # Cached decoding: the encoder once, then the decoder one position at a time.
     memory = model.encode(source)
-    cache = model.build_cache(memory, max_length=target.shape[1])
+    cache, source_state = model.build_cache(memory, target.shape[1], kt.layers.padding_mask(source))
     steps = []
     for position in range(target.shape[1]):
-        step, cache = model.decode_step(target[:, position : position + 1], cache, position,
-                                        encoder_padding_mask=kt.layers.padding_mask(source))
+        step, cache = model.decode_step(target[:, position : position + 1], cache, position, source_state)
         steps.append(numpy(step))
     outputs["cached_logits"] = np.concatenate(steps, axis=1)
     return outputs

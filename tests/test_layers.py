@@ -131,8 +131,8 @@ def test_a_sentences_beams_read_its_source_once_as_copies_of_it_would(window, le
     own = tuple(np.random.default_rng(4).normal(size=(2, BATCH * rows_per_source, 4, 4, D_MODEL // 4)).astype("float32"))
 
     def decode(source, source_mask, rows_per_source=1):
-        cache = {"self_attention": own, "cross_attention": layer.compute_cross_attention_cache(source)}
-        return layer.decode_step(targets, cache, 1, encoder_padding_mask=source_mask, rows_per_source=rows_per_source)
+        return layer.decode_step(targets, own, 1, layer.compute_cross_attention_cache(source), source_mask,
+                                 rows_per_source=rows_per_source)
 
     layer(targets, copies(source))  # build
     with pytest.raises(ValueError, match="rows_per_source must be a positive integer, got 0"):
@@ -140,7 +140,7 @@ def test_a_sentences_beams_read_its_source_once_as_copies_of_it_would(window, le
     expected, expected_cache = decode(copies(source), copies(source_mask))
     shared, shared_cache = decode(source, source_mask, rows_per_source=rows_per_source)
     np.testing.assert_allclose(ops.convert_to_numpy(shared), ops.convert_to_numpy(expected), atol=1e-5)
-    for shared_part, expected_part in zip(shared_cache["self_attention"], expected_cache["self_attention"]):
+    for shared_part, expected_part in zip(shared_cache, expected_cache):
         np.testing.assert_allclose(ops.convert_to_numpy(shared_part), ops.convert_to_numpy(expected_part), atol=1e-6)
     # Each row reads its own sentence's source: a row given another sentence's would differ.
     swapped, _ = decode(source[::-1], source_mask[::-1], rows_per_source=rows_per_source)

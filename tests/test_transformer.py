@@ -120,11 +120,10 @@ def test_cached_decoding_matches_the_full_pass(model, batch):
     source, target = batch
     full_logits = model((source, target))
     memory = model.encode(source)
-    cache = model.build_cache(memory, max_length=12)
-    source_mask = kt.layers.padding_mask(source)
+    cache, source_state = model.build_cache(memory, max_length=12, encoder_padding_mask=kt.layers.padding_mask(source))
     step_logits = []
     for t in range(target.shape[1]):
-        logits, cache = model.decode_step(target[:, t : t + 1], cache, t, encoder_padding_mask=source_mask)
+        logits, cache = model.decode_step(target[:, t : t + 1], cache, t, source_state)
         step_logits.append(logits)
     np.testing.assert_allclose(ops.concatenate(step_logits, axis=1), full_logits, atol=1e-5)
 
@@ -141,11 +140,10 @@ def test_cached_decoding_in_a_tf_function(batch):
     @tf.function
     def decode_all(source, target):
         memory = model.encode(source)
-        cache = model.build_cache(memory, max_length=target.shape[1])
-        mask = kt.layers.padding_mask(source)
+        cache, source_state = model.build_cache(memory, target.shape[1], kt.layers.padding_mask(source))
         logits = tf.TensorArray(tf.float32, size=target.shape[1])
         for t in tf.range(target.shape[1]):
-            step, cache = model.decode_step(target[:, t : t + 1], cache, t, encoder_padding_mask=mask)
+            step, cache = model.decode_step(target[:, t : t + 1], cache, t, source_state)
             logits = logits.write(t, step[:, 0])
         return tf.transpose(logits.stack(), [1, 0, 2])
 

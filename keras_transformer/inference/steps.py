@@ -7,10 +7,11 @@ the Transformer's API:
 
 1. encode the source once (`model.encode`);
 2. project the encoder output to every layer's cross-attention keys and
-   values once (`model.build_cache`): the same for every step, and for
-   every beam of a sentence, they are the searches' `context`, one row per
-   sentence, which the searches only cut down as sentences finish (every
-   beam of a sentence reads its row: `rows_per_source` in `layers.decoder`);
+   values once (`model.build_cache`'s source): the same for every step, and
+   for every beam of a sentence, they are the searches' `context`, one row
+   per sentence, which the searches only cut down as sentences finish
+   (every beam of a sentence reads its row: `rows_per_source` in
+   `layers.decoder`);
 3. each step runs the decoder on the newest token alone, reading the
    earlier positions' keys and values from the self-attention cache and
    writing the new position's in place at the step's index
@@ -101,15 +102,14 @@ def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache
         `(step_fn, cache, context)`. `step_fn(tokens, cache, index, context)
         -> (logits, cache)`: `tokens` `(rows,)` are the tokens at output
         position `index` ([START] at 0), `logits` `(rows, target_vocab)`
-        float32 those of the next token. With `use_cache` the cache is one
-        self-attention cache per decoder layer, a `(keys, values)` pair of
-        `(rows, heads, room, head_dim)`, and the context the source's
-        padding mask and every layer's cross-attention keys and values, a
-        `(keys, values)` pair of `(batch, heads, source_length, head_dim)`.
-        Without, the cache is the decoder's inputs so far, `(rows,
-        max_length)`, and the context the encoder output and the mask.
-        Either way the cache's rows and the context's sentences are on
-        axis 0.
+        float32 those of the next token. With `use_cache` the cache and the
+        context are the decoder's state as `layers.decoder` describes it:
+        the self-attention cache, a `(keys, values)` pair of `(rows, heads,
+        room, head_dim)` a layer, and the source, `{"keys_values", "mask"}`,
+        one row per sentence. Without, the cache is the decoder's inputs so
+        far, `(rows, max_length)`, and the context the encoder output and
+        the mask. Either way the cache's rows and the context's sentences
+        are on axis 0.
 
     Example:
     >>> settings = DecodingSettings(beam_size=1).for_output(start_id, end_id)
@@ -123,43 +123,33 @@ def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache
     # A sentence's rows (its beams), next to each other: the self-attention cache is repeated
     # once here; the recomputing reference repeats the context at every step.
     repeat = lambda value, axis=0: tf.repeat(value, rows_per_source, axis=axis) if rows_per_source > 1 else value  # noqa: E731
-    context = {"source_mask": source_mask}
 
     if not use_cache:
 
         def recomputing_step(tokens, prefix, index, context):
             prefix = write_column(prefix, index, tokens)
-            logits = model.decode(
-                prefix[:, : index + 1], repeat(context["memory"]), encoder_padding_mask=repeat(context["source_mask"])
-            )
+            logits = model.decode(prefix[:, : index + 1], repeat(context["memory"]),
+                                  encoder_padding_mask=repeat(context["mask"]))
             return logits[:, -1], prefix
 
-        context["memory"] = memory
+        context = {"memory": memory, "mask": source_mask}
         return recomputing_step, tf.zeros([tf.shape(source_ids)[0] * rows_per_source, max_length], tf.int32), context
 
     room = tf.minimum(INITIAL_CACHE_ROOM, max_length) if growing_cache else max_length
-    caches = model.build_cache(memory, room)
-    context["source_keys_values"] = [layer["cross_attention"] for layer in caches]
-    own_keys_values = [tuple(repeat(cached) for cached in layer["self_attention"]) for layer in caches]
+    cache, source = model.build_cache(memory, room, source_mask)
+    cache = [tuple(repeat(cached) for cached in layer) for layer in cache]
 
     # Tied embeddings: the output projection's kernel, transposed once here, not at every step.
     output_kernel = model.tied_output_kernel() if model.tie_output else None
 
-    def cached_step(tokens, cache, index, context):
+    def cached_step(tokens, cache, index, source):
         if growing_cache:
             cache = [grow_cache(own, index, max_length) for own in cache]
-        layers = [
-            {"self_attention": own, "cross_attention": source}
-            for own, source in zip(cache, context["source_keys_values"])
-        ]
-        logits, layers = model.decode_step(
-            tokens[:, None], layers, index, encoder_padding_mask=context["source_mask"],
-            output_kernel=output_kernel, rows_per_source=rows_per_source,
-        )
+        logits, cache = model.decode_step(tokens[:, None], cache, index, source, output_kernel, rows_per_source)
         # Squeezed, not indexed: LiteRT copies an indexed slice element by element (`layers.cached_attention`).
-        return tf.squeeze(logits, 1), [layer["self_attention"] for layer in layers]
+        return tf.squeeze(logits, 1), cache
 
-    return cached_step, own_keys_values, context
+    return cached_step, cache, source
 
 
 def language_model_step(model, batch_size, max_length, use_cache=True):
@@ -187,11 +177,10 @@ def language_model_step(model, batch_size, max_length, use_cache=True):
         return recomputing_step, tf.zeros([batch_size, max_length], tf.int32)
 
     def cached_step(tokens, cache, index, context):
-        layers = [{"self_attention": own} for own in cache]
-        logits, layers = model.decode_step(tokens[:, None], layers, index)
-        return tf.squeeze(logits, 1), [layer["self_attention"] for layer in layers]
+        logits, cache = model.decode_step(tokens[:, None], cache, index)
+        return tf.squeeze(logits, 1), cache
 
-    return cached_step, [layer["self_attention"] for layer in model.build_cache(batch_size, max_length)]
+    return cached_step, model.build_cache(batch_size, max_length)
 
 
 def language_model_prefill(model):
@@ -204,9 +193,7 @@ def language_model_prefill(model):
     """
 
     def prefill(tokens, cache):
-        layers = [{"self_attention": own} for own in cache]
-        _, layers = model.decode_step(tokens, layers, 0)
-        return [layer["self_attention"] for layer in layers]
+        return model.decode_step(tokens, cache, 0)[1]
 
     return prefill
 

@@ -10,24 +10,27 @@ position i can depend only on the known outputs at positions less than i."
 target sentence. Decoding one token at a time has its own methods beside
 them:
 
-**Incremental decoding.** `Decoder.build_cache` returns one dict per layer,
+**Incremental decoding.** The decoder's state comes in two parts, one
+shape each, from the model to the search and back:
 
-    {"self_attention":  (keys, values), each (batch, heads, max_length, head_dim), zeros,
-     "cross_attention": (keys, values), each (batch, heads, source_length, head_dim)}  (if any)
+    cache:  [(keys, values), ...]     one pair a layer, each (rows, heads, max_length, head_dim):
+                                      the self-attention keys and values so far (`Decoder.build_cache`)
+    source: {"keys_values": [(keys, values), ...],   one pair a layer, (sentences, heads, source_length, head_dim)
+             "mask": (sentences, source_length)}     what every step reads of the source (`Decoder.source_cache`)
 
-and `Decoder.decode_step(new_ids, cache, cache_index=t)` runs only the new
-positions t, t+1, ..., returning `(outputs, updated_cache)` (the cache
-tensors: `layers.cached_attention`). Every cache tensor holds its rows on
-axis 0, as the searches expect.
+`Decoder.decode_step(new_ids, cache, cache_index=t, source)` runs only the
+new positions t, t+1, ..., and returns `(outputs, updated cache)` (the
+cache tensors: `layers.cached_attention`); the source is never changed.
+Every tensor holds its rows on axis 0, as the searches expect: they
+reorder the cache's rows as beams survive and only cut the source's.
 
 **Beams share their source.** A beam search decodes several rows per
 source sentence (its beams), which all attend to the same source. With
-`rows_per_source=k`, the cross-attention cache holds one row per sentence,
-and each serves k consecutive rows of the target
-(`DecoderLayer.attend_to_shared_source`): those rows become k query
-positions of one row. Every query attends on its own, so the result is the
-same; the source's keys and values are stored and read once per sentence,
-not once per beam.
+`rows_per_source=k`, the source holds one row per sentence, and each serves
+k consecutive rows of the target (`DecoderLayer.attend_to_shared_source`):
+those rows become k query positions of one row. Every query attends on its
+own, so the result is the same; the source's keys and values are stored
+and read once per sentence, not once per beam.
 """
 
 import keras
@@ -175,29 +178,28 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
         outputs = self.feed_forward(outputs, training=training)
         return (outputs, scores) if return_attention_scores else outputs
 
-    def decode_step(self, inputs, cache, cache_index, encoder_padding_mask=None, rows_per_source=1):
-        """The layer on new positions `inputs` at `cache_index`, with `cache` (see the module docstring).
+    def decode_step(self, inputs, cache, cache_index, source_keys_values=None, source_mask=None, rows_per_source=1):
+        """The layer on new positions `inputs` at `cache_index` (see the module docstring).
 
         Args:
             inputs: `(rows, new, d_model)`, the positions after the cached ones.
-            cache: this layer's cache dict.
+            cache: this layer's self-attention `(keys, values)`.
             cache_index: number of positions already in the self-attention cache.
-            encoder_padding_mask: `(sentences, source_length)`.
+            source_keys_values: this layer's cross-attention `(keys, values)`
+                of the source, one row per sentence.
+            source_mask: `(sentences, source_length)`.
             rows_per_source: consecutive rows of `inputs` per row of the
-                cross-attention cache (a beam search's rows of one sentence).
+                source (a beam search's rows of one sentence).
 
         Returns:
-            `(outputs (rows, new, d_model), updated cache dict)`.
+            `(outputs (rows, new, d_model), updated cache)`.
         """
         check_positive_int(rows_per_source=rows_per_source)
-        cache = dict(cache)
-        outputs, cache["self_attention"] = self.self_attention.decode_step(inputs, cache["self_attention"], cache_index)
+        outputs, cache = self.self_attention.decode_step(inputs, cache, cache_index)
         if self.cross_attention_block is not None:
-            if "cross_attention" not in cache:
-                raise ValueError("this DecoderLayer has cross-attention: its cache needs 'cross_attention'")
-            outputs = self.attend_to_shared_source(
-                outputs, cache["cross_attention"], encoder_padding_mask, rows_per_source
-            )
+            if source_keys_values is None:
+                raise ValueError("this DecoderLayer has cross-attention: decoding needs the source's keys and values")
+            outputs = self.attend_to_shared_source(outputs, source_keys_values, source_mask, rows_per_source)
         return self.feed_forward(outputs), cache
 
     def attend_to_shared_source(self, queries, source_cache, source_mask, rows_per_source):
@@ -263,19 +265,18 @@ class Decoder(TransformerStack):
         for layer in self.decoder_layers:
             layer.build(hidden_shape, encoder_outputs_shape)
 
-    def build_cache(self, batch_size, max_length, encoder_outputs=None):
-        """Per-layer caches for decoding up to `max_length` target positions."""
+    def build_cache(self, batch_size, max_length):
+        """The self-attention cache for decoding up to `max_length` target positions: a `(keys, values)` a layer."""
         if isinstance(max_length, int):
             check_positive_int(max_length=max_length)
-        caches = []
-        for layer in self.decoder_layers:
-            cache = {"self_attention": layer.empty_self_attention_cache(batch_size, max_length)}
-            if self.cross_attention:
-                if encoder_outputs is None:
-                    raise ValueError("build_cache needs encoder_outputs for a decoder with cross-attention")
-                cache["cross_attention"] = layer.compute_cross_attention_cache(encoder_outputs)
-            caches.append(cache)
-        return caches
+        return [layer.empty_self_attention_cache(batch_size, max_length) for layer in self.decoder_layers]
+
+    def source_cache(self, encoder_outputs, encoder_padding_mask):
+        """What every decoding step reads of the source: `{"keys_values": a (keys, values) a layer, "mask"}`."""
+        if not self.cross_attention:
+            raise ValueError("a decoder without cross-attention reads no source")
+        keys_values = [layer.compute_cross_attention_cache(encoder_outputs) for layer in self.decoder_layers]
+        return {"keys_values": keys_values, "mask": encoder_padding_mask}
 
     def call(
         self,
@@ -305,19 +306,21 @@ class Decoder(TransformerStack):
         outputs = self._finish(outputs)
         return (outputs, scores) if return_attention_scores else outputs
 
-    def decode_step(self, token_ids, cache, cache_index, encoder_padding_mask=None, rows_per_source=1):
+    def decode_step(self, token_ids, cache, cache_index, source=None, rows_per_source=1):
         """The new positions `token_ids` `(rows, new)` at `cache_index`, on `cache` (from `build_cache`).
 
-        `rows_per_source`: consecutive rows of `token_ids` per row of the
-        cross-attention caches (see the module docstring). Returns
-        `(outputs (rows, new, d_model), updated cache)`.
+        `source`: from `source_cache` (a decoder with cross-attention);
+        `rows_per_source`: consecutive rows of `token_ids` per row of it
+        (see the module docstring). Returns `(outputs (rows, new, d_model),
+        updated cache)`.
         """
         outputs = self.embedding(token_ids, start_index=cache_index)
+        source_keys_values = source["keys_values"] if source is not None else [None] * len(self.decoder_layers)
+        source_mask = source["mask"] if source is not None else None
         new_cache = []
-        for layer, layer_cache in zip(self.decoder_layers, cache):
-            outputs, layer_cache = layer.decode_step(
-                outputs, layer_cache, cache_index, encoder_padding_mask, rows_per_source
-            )
+        for layer, layer_cache, keys_values in zip(self.decoder_layers, cache, source_keys_values):
+            outputs, layer_cache = layer.decode_step(outputs, layer_cache, cache_index, keys_values, source_mask,
+                                                     rows_per_source)
             new_cache.append(layer_cache)
         return self._finish(outputs), new_cache
 

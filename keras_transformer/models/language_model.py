@@ -110,7 +110,7 @@ class LanguageModel(MultiWorkerFit, Hyperparameters, keras.Model):
             self.build((None, None))
 
     def build_cache(self, batch_size, max_length):
-        """Key/value caches for `max_length` positions (see `layers.decoder`)."""
+        """The self-attention cache for `max_length` positions, a `(keys, values)` a layer (see `layers.decoder`)."""
         self._ensure_built()
         return self.decoder.build_cache(batch_size, max_length)
 

@@ -15,7 +15,7 @@ from keras import ops
 
 from keras_transformer.layers import Decoder, Encoder
 from keras_transformer.layers.config import Hyperparameters
-from keras_transformer.layers.masks import padding_mask
+from keras_transformer.layers.masks import keras_mask, padding_mask
 from keras_transformer.models.multi_worker import MultiWorkerFit
 from keras_transformer.models.attention_maps import DECODER_STACK, ENCODER_STACK, stack_attention_maps
 
@@ -176,11 +176,16 @@ class Transformer(MultiWorkerFit, Hyperparameters, keras.Model):
         self._ensure_built()
         return self.encoder(source_ids, training=training, return_attention_scores=return_attention_scores)
 
-    def build_cache(self, encoder_outputs, max_length):
-        """Decoder caches for `max_length` target positions (see `layers.decoder`)."""
+    def build_cache(self, encoder_outputs, max_length, encoder_padding_mask=None):
+        """The decoder's state for `max_length` target positions: `(cache, source)` (see `layers.decoder`).
+
+        `encoder_padding_mask`: the source's, default the Keras mask `encode` left on `encoder_outputs`.
+        """
         self._ensure_built()
-        batch_size = ops.shape(encoder_outputs)[0]
-        return self.decoder.build_cache(batch_size, max_length, encoder_outputs)
+        if encoder_padding_mask is None:
+            encoder_padding_mask = keras_mask(encoder_outputs)
+        cache = self.decoder.build_cache(ops.shape(encoder_outputs)[0], max_length)
+        return cache, self.decoder.source_cache(encoder_outputs, encoder_padding_mask)
 
     def decode(self, target_ids, encoder_outputs, encoder_padding_mask=None, training=None,
                return_attention_scores=False):
@@ -197,20 +202,17 @@ class Transformer(MultiWorkerFit, Hyperparameters, keras.Model):
             return self.logits(decoded[0]), decoded[1]
         return self.logits(decoded)
 
-    def decode_step(self, target_ids, cache, cache_index, encoder_padding_mask=None, output_kernel=None,
-                    rows_per_source=1):
-        """Logits for the new positions `target_ids` at `cache_index`, on `cache`: `(logits, cache)`.
+    def decode_step(self, target_ids, cache, cache_index, source, output_kernel=None, rows_per_source=1):
+        """Logits for the new positions `target_ids` at `cache_index`, on `cache` and `source`: `(logits, cache)`.
 
+        `cache` and `source` are `build_cache`'s (see `layers.decoder`).
         `output_kernel`: with `tie_output`, `tied_output_kernel()` made once
         by a decoding loop (else every step transposes the embeddings).
         `rows_per_source`: consecutive rows of `target_ids` per row of the
-        cross-attention caches (a beam search's rows of one sentence,
-        `layers.decoder`).
+        source (a beam search's rows of one sentence, `layers.decoder`).
         """
         self._ensure_built()
-        outputs, cache = self.decoder.decode_step(
-            target_ids, cache, cache_index, encoder_padding_mask=encoder_padding_mask, rows_per_source=rows_per_source
-        )
+        outputs, cache = self.decoder.decode_step(target_ids, cache, cache_index, source, rows_per_source)
         return self.logits(outputs, output_kernel), cache
 
     def tied_output_kernel(self):
