@@ -100,9 +100,9 @@ def build_parser():
     return parser
 
 
-def _add_training_command(commands, name, task, handler, help):
+def _add_training_command(commands, name, task, handler, summary):
     """A command that trains a run of `task`: its config options and the run directory's arguments."""
-    command = commands.add_parser(name, help=help)
+    command = commands.add_parser(name, help=summary)
     _add_config_options(command, task)
     _add_run_directory_arguments(command)
     command.set_defaults(handler=handler)

@@ -162,6 +162,7 @@ def test_decoder_layer_with_cross_attention_needs_the_encoder():
         (lambda: kt.layers.Decoder(**{**STACK, "vocab_size": 2.5}), "vocab_size must be a positive integer"),
         (lambda: kt.layers.TokenAndPositionEmbedding(30, 16, 20, position="rotary"), "position must be one of"),
         (lambda: kt.layers.TokenAndPositionEmbedding(30, 16, 20, position={"order": "blocked"}), "sinusoid choices are"),
+        (lambda: kt.layers.TokenAndPositionEmbedding(30, 16, 20, position={"columns": "halves"}), "columns must be one of"),
         (lambda: kt.layers.EncoderLayer(num_heads=4, d_ff=32, dropout=1.0), r"dropout must be a number in \[0, 1\)"),
         (lambda: kt.layers.FeedForward(d_model=0, d_ff=4), "d_model must be a positive integer"),
         (lambda: kt.layers.sliding_window_mask(4, 4, window=0), "sliding window must be a positive integer"),

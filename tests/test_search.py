@@ -595,3 +595,20 @@ def test_a_checkpoints_token_rules_forbid_force_and_renormalize():
     prefers_word = dataclasses.replace(plain, never=(0, 1, 3))
     assert search(prefers_word, max_length=2) == ([2, 2], pytest.approx(2 * log_softmax(np.array([3.0, 1.0, 0.0, 2.0]))[2]))
     assert search(dataclasses.replace(prefers_word, end_at_limit=True), max_length=2)[0] == [2, 3]
+
+
+def test_a_run_imported_before_the_settings_had_names_decodes_as_it_did():
+    # Runs imported before DecodingSettings recorded Hugging Face's length penalty and stopping rule
+    # by kind; the settings read from them are those the checkpoint imports to now.
+    old_section = {"beam_size": 4, "length_alpha": 1.0, "max_extra_length": 512, "max_output_length": 511,
+                   "batch_size": 64, "length_penalty_kind": "hf", "stop_when_beam_full": False, "keep_greedy": False,
+                   "token_rules": {"never": [0, 7], "forced_first": None, "end_at_limit": True, "renormalize": False}}
+    settings = DecodingSettings.from_config(old_section)
+    assert settings == DecodingSettings(
+        beam_size=4, length_penalty=LengthPenalty(1.0, offset=0), stop_rule="best_live_is_behind", keep_greedy=False,
+        max_extra_length=512, max_output_length=511, token_rules=TokenRules(never=(0, 7), end_at_limit=True))
+    assert DecodingSettings.from_config(settings.to_config()) == settings
+    # Our own runs' sections: the paper's penalty (GNMT's, offset 5), the greedy path beside the beams.
+    ours = DecodingSettings.from_config({"beam_size": 4, "length_alpha": 0.6, "max_extra_length": 50})
+    assert ours == DecodingSettings()
+    assert ours.for_output(START, END).token_rules == TokenRules.ours(START, END)

@@ -22,7 +22,7 @@ from position 0). What CTranslate2 cannot run (sliding-window or predictive
 local attention) is refused by name.
 
 An imported checkpoint converts the same way, with its own special tokens,
-position table (Marian's or fairseq's layout) and token rules (bad words
+position table (Marian's or fairseq's sinusoids) and token rules (bad words
 suppressed, a target language as the target prefix, [END] at the limit):
 its greedy output is Hugging Face's (tested).
 

@@ -113,7 +113,7 @@ class Generator(tf.Module):
         return self.outputs(tokens[:, : tf.reduce_max(tf.concat([lengths, [1]], axis=0))], lengths, prompt_lengths)
 
     def sample(self, prompts, prompt_lengths, settings):
-        """`(tokens, lengths)` of `sampling.sample` with `settings` on the model's key/value cache, the tokenizer's rules."""
+        """`(tokens, lengths)` of `sampling.sample` with `settings`, on the model's key/value cache."""
         rows, width = tf.shape(prompts)[0], tf.shape(prompts)[1]
         step_fn, cache = language_model_step(self.model, rows, width + settings.max_new_tokens)
         tokenizer = self.tokenizer

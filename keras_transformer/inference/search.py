@@ -310,7 +310,8 @@ def _token_rules(settings):
     """The settings' token rules, refused in one line where they name no [START] or [END]."""
     rules = settings.token_rules
     if rules is None or rules.start_id is None or rules.end_id is None:
-        raise ValueError("the decoding settings name no [START] and [END] ids: use settings.for_output(start_id, end_id)")
+        raise ValueError("the decoding settings name no [START] and [END] ids: "
+                         "use settings.for_output(start_id, end_id)")
     return rules
 
 
@@ -466,7 +467,7 @@ def beam_search(step_fn, cache, max_lengths, settings, context=(), drop_finished
     ([END], or the sentence's length limit) among the first `beam_size` are
     final: they are set aside, where longer hypotheses can no longer push
     them out. The best `beam_size` that did not end stay live. A sentence is
-    done when the settings' stop rule says so (`settings.STOP_RULES`: by
+    done when the settings' stop rule says so (`inference.STOP_RULES`: by
     default once it has `beam_size` final hypotheses), or as soon as no live
     hypothesis can score above its best final one (`_cannot_be_beaten`:
     the same result, fewer steps); the one with the best length-normalised
@@ -492,7 +493,9 @@ def beam_search(step_fn, cache, max_lengths, settings, context=(), drop_finished
             its rows read.
         max_lengths: `(batch,)` int32, one limit per sentence.
         settings: the `DecodingSettings` (`beam_size`, `keep_greedy`,
-            `stop_rule`, the length penalty and the token rules).
+            `stop_rule`, the length penalty and the token rules). With
+            `keep_greedy` (the settings' default) a sentence has
+            `beam_size + 1` rows: lay the cache out for them.
         drop_finished, first_ids: as for `greedy_search`.
 
     Returns:

@@ -15,7 +15,7 @@ the Transformer's API:
 3. each step runs the decoder on the newest token alone, reading the
    earlier positions' keys and values from the self-attention cache and
    writing the new position's in place at the step's index
-   (`model.decode_step(tokens, cache, index)`). The cache starts
+   (`model.decode_step(tokens, cache, index, source)`). The cache starts
    with room for `INITIAL_CACHE_ROOM` positions and doubles when full
    (`grow_cache`): most translations are far shorter than the longest
    allowed, and every step copies its cache (beam search reorders it) and

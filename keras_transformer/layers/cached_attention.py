@@ -185,7 +185,7 @@ class CachedMultiHeadAttention(MultiHeadAttention):
             # Cross-attention on a precomputed context: nothing more to project.
             keys, values = cache
             key_padding = key_mask if key_mask is not None else value_mask
-            mask, gaussian = self._mask(
+            mask, weight_scale = self._mask(
                 query, ops.shape(queries)[2], ops.shape(keys)[2], query_mask, key_padding, attention_mask,
                 use_causal_mask,
             )
@@ -202,11 +202,11 @@ class CachedMultiHeadAttention(MultiHeadAttention):
             # Unfilled slots follow the last query: a causal mask hides them already.
             valid_key_length = None if use_causal_mask else cache_index + ops.shape(query)[1]
             # The cache's own slots stand for the keys; decoding produces no padding.
-            mask, gaussian = self._mask(
+            mask, weight_scale = self._mask(
                 query, ops.shape(queries)[2], ops.shape(keys)[2], query_mask, None, attention_mask, use_causal_mask,
                 offset=cache_index, valid_key_length=valid_key_length,
             )
-        attended, _ = self._attend(queries, keys, values, mask, gaussian, False, training)
+        attended, _ = self._attend(queries, keys, values, mask, weight_scale, False, training)
         return combine_heads(attended, self.output_kernel, self.output_bias if self.use_bias else None), cache
 
     def _project_step_queries(self, query):

@@ -18,7 +18,7 @@ shape each, from the model to the search and back:
     source: {"keys_values": [(keys, values), ...],   one pair a layer, (sentences, heads, source_length, head_dim)
              "mask": (sentences, source_length)}     what every step reads of the source (`Decoder.source_cache`)
 
-`Decoder.decode_step(new_ids, cache, cache_index=t, source)` runs only the
+`Decoder.decode_step(new_ids, cache, t, source)` runs only the
 new positions t, t+1, ..., and returns `(outputs, updated cache)` (the
 cache tensors: `layers.cached_attention`); the source is never changed.
 Every tensor holds its rows on axis 0, as the searches expect: they
@@ -62,7 +62,7 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
         cross_attention_window: D, for local cross-attention: each target
             position predicts the source position it is aligned with and sees
             the 2D+1 source positions around it, Gaussian-weighted (Luong et
-            al. 2015's local-p; `MultiHeadAttention`'s "predictive" window).
+            al. 2015's local-p; `local_attention.PredictiveLocalAttention`).
             None: the whole source, the paper's global attention.
         activation, attention_dropout, activation_dropout: as for `EncoderLayer`.
 

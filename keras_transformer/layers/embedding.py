@@ -8,7 +8,13 @@ from keras import ops
 from keras_transformer.layers.checks import check_positive_int, check_rate
 from keras_transformer.layers.config import Hyperparameters
 from keras_transformer.layers.dropout import Dropout
-from keras_transformer.layers.positional import NAMED_TABLES, PositionalEncoding, PositionEmbedding
+from keras_transformer.layers.positional import (
+    COLUMN_ORDERS,
+    FREQUENCY_SPACINGS,
+    NAMED_TABLES,
+    PositionalEncoding,
+    PositionEmbedding,
+)
 
 # Positions to choose from when training: the paper's sinusoids (Section 3.5), or a learned table.
 POSITION_KINDS = ("sinusoidal", "learned")
@@ -28,10 +34,17 @@ def sinusoid_choices(position):
         unknown = set(position) - set(SINUSOID_CHOICES)
         if unknown:
             raise ValueError(f"position's sinusoid choices are {SINUSOID_CHOICES}, got {sorted(unknown)}")
+        if position.get("columns", "interleaved") not in COLUMN_ORDERS:
+            raise ValueError(f"position's columns must be one of {COLUMN_ORDERS}, got {position['columns']!r}")
+        if position.get("frequency_spacing", "2i/d") not in FREQUENCY_SPACINGS:
+            raise ValueError(f"position's frequency_spacing must be one of {FREQUENCY_SPACINGS}, "
+                             f"got {position['frequency_spacing']!r}")
         return dict(position)
+    if position == "sinusoidal":
+        return {}
     named = position.removeprefix("sinusoidal_") if isinstance(position, str) else None
-    if position == "sinusoidal" or named in NAMED_TABLES:
-        return {} if position == "sinusoidal" else NAMED_TABLES[named]
+    if named in NAMED_TABLES and named != "interleaved":
+        return NAMED_TABLES[named]
     raise ValueError(f"position must be one of {POSITION_KINDS} or a dict of {SINUSOID_CHOICES}, got {position!r}")
 
 

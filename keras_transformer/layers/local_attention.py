@@ -22,8 +22,8 @@ each query see only the 2D+1 keys around an aligned position p_t:
 `PredictiveLocalAttention` is `MultiHeadAttention` with W_p and v_p, which
 takes the window as its mask and the Gaussian as a weighting of equation
 (1)'s weights (`scaled_dot_product_attention(weight_scale=...)`); the rest,
-projections and heads, is its parent's. A layer's `window_alignment`
-("monotonic" or "predictive") says which of the two it uses.
+projections and heads, is its parent's. An `AttentionSublayer`'s
+`window_alignment` ("monotonic" or "predictive") says which of the two it uses.
 """
 
 import keras

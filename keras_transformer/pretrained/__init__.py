@@ -17,7 +17,6 @@ import collections
 import dataclasses
 import logging
 
-from keras_transformer.inference.settings import DecodingSettings, LengthPenalty, TokenRules
 from keras_transformer.pretrained import m2m100, marian
 from keras_transformer.pretrained.checkpoint import (
     CheckpointError,
@@ -98,6 +97,8 @@ def decoding_settings(generation, config, model):
     start token, so an output has at most max_length - 1 tokens (and never
     more than the model has positions).
     """
+    from keras_transformer.inference.settings import DecodingSettings, LengthPenalty, TokenRules
+
     end = _single_id(generation, config, "eos_token_id")
     forced_first = generation.get("forced_bos_token_id")
     forced_end = generation.get("forced_eos_token_id")

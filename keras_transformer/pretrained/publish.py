@@ -114,7 +114,6 @@ def freeze_what_the_family_lacks(model, files_dir):
 # -- a run trained here, as Marian ---------------------------------------------------------------
 
 
-
 def _marian_order(model):
     """The model axis' order that makes the model's sinusoids Marian's (None: they are), or False: none does.
 
@@ -139,7 +138,7 @@ def check_marian(model, source_tokenizer, target_tokenizer):
                          "(a SentencePiece run made before sources were framed as Marian's): train it again")
     cannot = [
         (model.norm_first, "pre-LN layers (--norm-first): Marian's are post-LN"),
-        (_marian_order(model) is False, f"{model.position} positions: Marian's are sinusoids, numbered from 0"),
+        (_marian_order(model) is False, "positions other than the paper's sinusoids (Marian's, in another order)"),
         (model.sliding_window is not None, "local self-attention (sliding_window)"),
         (model.cross_attention_window is not None, "local cross-attention (--cross-attention-window)"),
         (model.activation not in CHECKPOINT_ACTIVATIONS, f"the {model.activation} activation"),

@@ -352,15 +352,15 @@ def _skipped(train_dataset, batches):
     return train_dataset.skip(batches) if batches else train_dataset
 
 
-def fit_epochs(model, run_dir, state, settings, batches, more_callbacks=(), verbose=1):
+def fit_epochs(model, run_dir, state, settings, datasets, more_callbacks=(), verbose=1):
     """`fit` as a run's `settings` say (epochs, steps per epoch, averaged weights), with the run's callbacks.
 
-    `batches`: `(training dataset, validation dataset, the variable that
+    `datasets`: `(training dataset, validation dataset, the variable that
     sets each epoch's order)`; with `steps_per_epoch` the training data is
     repeated. `more_callbacks` follow the run's own (samples for TensorBoard).
     Returns what `fit` returns.
     """
-    train_batches, val_batches, train_epoch = batches
+    train_batches, val_batches, train_epoch = datasets
     callbacks = training_callbacks(run_dir, settings, state, epoch_variables=[train_epoch],
                                    averaged_weights=settings["ema_momentum"] is not None) + list(more_callbacks)
     if settings["steps_per_epoch"]:
