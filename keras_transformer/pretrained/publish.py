@@ -136,9 +136,10 @@ def check_marian(model, source_tokenizer, target_tokenizer):
     if source_tokenizer.start_id is not None:
         raise ValueError("the run puts <s> before its sources, which Marian's tokenizer does not "
                          "(a SentencePiece run made before sources were framed as Marian's): train it again")
+    positions = model.position if isinstance(model.position, str) else "another table's sinusoidal"
     cannot = [
         (model.norm_first, "pre-LN layers (--norm-first): Marian's are post-LN"),
-        (_marian_order(model) is False, "positions other than the paper's sinusoids (Marian's, in another order)"),
+        (_marian_order(model) is False, f"{positions} positions: Marian's are the paper's sinusoids, from position 0"),
         (model.sliding_window is not None, "local self-attention (sliding_window)"),
         (model.cross_attention_window is not None, "local cross-attention (--cross-attention-window)"),
         (model.activation not in CHECKPOINT_ACTIVATIONS, f"the {model.activation} activation"),
