@@ -8,13 +8,7 @@ from keras import ops
 from keras_transformer.layers.checks import check_positive_int, check_rate
 from keras_transformer.layers.config import Hyperparameters
 from keras_transformer.layers.dropout import Dropout
-from keras_transformer.layers.positional import (
-    COLUMN_ORDERS,
-    FREQUENCY_SPACINGS,
-    NAMED_TABLES,
-    PositionalEncoding,
-    PositionEmbedding,
-)
+from keras_transformer.layers.positional import NAMED_TABLES, PositionalEncoding, PositionEmbedding, check_sinusoid
 
 # Positions to choose from when training: the paper's sinusoids (Section 3.5), or a learned table.
 POSITION_KINDS = ("sinusoidal", "learned")
@@ -34,11 +28,7 @@ def sinusoid_choices(position):
         unknown = set(position) - set(SINUSOID_CHOICES)
         if unknown:
             raise ValueError(f"position's sinusoid choices are {SINUSOID_CHOICES}, got {sorted(unknown)}")
-        if position.get("columns", "interleaved") not in COLUMN_ORDERS:
-            raise ValueError(f"position's columns must be one of {COLUMN_ORDERS}, got {position['columns']!r}")
-        if position.get("frequency_spacing", "2i/d") not in FREQUENCY_SPACINGS:
-            raise ValueError(f"position's frequency_spacing must be one of {FREQUENCY_SPACINGS}, "
-                             f"got {position['frequency_spacing']!r}")
+        check_sinusoid(**position)
         return dict(position)
     if position == "sinusoidal":
         return {}

@@ -26,6 +26,14 @@ COLUMN_ORDERS = ("interleaved", "blocked")
 FREQUENCY_SPACINGS = ("2i/d", "i/(d/2-1)")
 
 
+def check_sinusoid(columns="interleaved", first_position=0, frequency_spacing="2i/d"):
+    """Refuse, in one line, a choice of the table's that `positional_encoding` does not have."""
+    if columns not in COLUMN_ORDERS:
+        raise ValueError(f"columns must be one of {COLUMN_ORDERS}, got {columns!r}")
+    if frequency_spacing not in FREQUENCY_SPACINGS:
+        raise ValueError(f"frequency_spacing must be one of {FREQUENCY_SPACINGS}, got {frequency_spacing!r}")
+
+
 def blocked_order(depth):
     """The blocked table's columns as the interleaved table's: the sines (columns 2i), then the cosines (2i+1)."""
     return np.concatenate([np.arange(0, depth, 2), np.arange(1, depth, 2)])
@@ -73,10 +81,7 @@ def positional_encoding(length, depth, base=10000.0, columns="interleaved", firs
         raise ValueError(f"length and depth must be positive, got length={length}, depth={depth}")
     if base <= 0:
         raise ValueError(f"base must be positive, got {base}")
-    if columns not in COLUMN_ORDERS:
-        raise ValueError(f"columns must be one of {COLUMN_ORDERS}, got {columns!r}")
-    if frequency_spacing not in FREQUENCY_SPACINGS:
-        raise ValueError(f"frequency_spacing must be one of {FREQUENCY_SPACINGS}, got {frequency_spacing!r}")
+    check_sinusoid(columns, first_position, frequency_spacing)
     positions = np.arange(first_position, first_position + length, dtype=np.float64)
     if frequency_spacing == "i/(d/2-1)":
         table = _spaced_to_base(positions, depth, base)
