@@ -119,7 +119,7 @@ def test_pre_ln_stack_has_a_final_norm_and_post_ln_does_not():
 @pytest.mark.parametrize("window", [None, 2])
 @pytest.mark.parametrize("length", [1, 2])
 def test_a_sentences_beams_read_its_source_once_as_copies_of_it_would(window, length):
-    # A beam search's rows of one sentence share its source (rows_per_source): a decoding
+    # A beam search's rows of one sentence share its source: a decoding
     # step's outputs and cache are those of every row reading its own copy of the
     # cross-attention cache; padded source positions included.
     rows_per_source = 3
@@ -130,21 +130,21 @@ def test_a_sentences_beams_read_its_source_once_as_copies_of_it_would(window, le
     copies = lambda values: np.repeat(values, rows_per_source, axis=0)  # noqa: E731
     own = tuple(np.random.default_rng(4).normal(size=(2, BATCH * rows_per_source, 4, 4, D_MODEL // 4)).astype("float32"))
 
-    def decode(source, source_mask, rows_per_source=1):
-        return layer.decode_step(targets, own, 1, layer.compute_cross_attention_cache(source), source_mask,
-                                 rows_per_source=rows_per_source)
+    def decode(source, source_mask):
+        return layer.decode_step(targets, own, 1, layer.compute_cross_attention_cache(source), source_mask)
 
     layer(targets, copies(source))  # build
-    with pytest.raises(ValueError, match="rows_per_source must be a positive integer, got 0"):
-        decode(source, source_mask, rows_per_source=0)
     expected, expected_cache = decode(copies(source), copies(source_mask))
-    shared, shared_cache = decode(source, source_mask, rows_per_source=rows_per_source)
+    # The shapes say how many rows a sentence has: 6 rows on 2 sentences' source.
+    shared, shared_cache = decode(source, source_mask)
     np.testing.assert_allclose(ops.convert_to_numpy(shared), ops.convert_to_numpy(expected), atol=1e-5)
     for shared_part, expected_part in zip(shared_cache, expected_cache):
         np.testing.assert_allclose(ops.convert_to_numpy(shared_part), ops.convert_to_numpy(expected_part), atol=1e-6)
     # Each row reads its own sentence's source: a row given another sentence's would differ.
-    swapped, _ = decode(source[::-1], source_mask[::-1], rows_per_source=rows_per_source)
+    swapped, _ = decode(source[::-1], source_mask[::-1])
     assert np.abs(ops.convert_to_numpy(swapped) - ops.convert_to_numpy(expected)).max() > 1e-3
+    with pytest.raises(ValueError, match="decoding 6 rows on a source of 4 sentences: each sentence needs the same"):
+        decode(np.concatenate([source, source]), np.concatenate([source_mask, source_mask]))
 
 
 def test_decoder_layer_with_cross_attention_needs_the_encoder():

@@ -25,10 +25,12 @@ Every tensor holds its rows on axis 0, as the searches expect: they
 reorder the cache's rows as beams survive and only cut the source's.
 
 **Beams share their source.** A beam search decodes several rows per
-source sentence (its beams), which all attend to the same source. With
-`rows_per_source=k`, the source holds one row per sentence, and each serves
-k consecutive rows of the target (`DecoderLayer.attend_to_shared_source`):
-those rows become k query positions of one row. Every query attends on its
+source sentence (its beams), which all attend to the same source. The
+source holds one row per sentence and the cache k rows per sentence, a
+sentence's rows next to each other: the shapes say it, no argument does.
+Each source row serves k consecutive rows of the target
+(`DecoderLayer.attend_to_shared_source`): those rows become k query
+positions of one row. Every query attends on its
 own, so the result is the same; the source's keys and values are stored
 and read once per sentence, not once per beam.
 """
@@ -178,7 +180,7 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
         outputs = self.feed_forward(outputs, training=training)
         return (outputs, scores) if return_attention_scores else outputs
 
-    def decode_step(self, inputs, cache, cache_index, source_keys_values=None, source_mask=None, rows_per_source=1):
+    def decode_step(self, inputs, cache, cache_index, source_keys_values=None, source_mask=None):
         """The layer on new positions `inputs` at `cache_index` (see the module docstring).
 
         Args:
@@ -186,34 +188,38 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
             cache: this layer's self-attention `(keys, values)`.
             cache_index: number of positions already in the self-attention cache.
             source_keys_values: this layer's cross-attention `(keys, values)`
-                of the source, one row per sentence.
+                of the source, one row per sentence: each serves
+                `rows // sentences` consecutive rows of `inputs` (a beam
+                search's rows of one sentence).
             source_mask: `(sentences, source_length)`.
-            rows_per_source: consecutive rows of `inputs` per row of the
-                source (a beam search's rows of one sentence).
 
         Returns:
             `(outputs (rows, new, d_model), updated cache)`.
         """
-        check_positive_int(rows_per_source=rows_per_source)
         outputs, cache = self.self_attention.decode_step(inputs, cache, cache_index)
         if self.cross_attention_block is not None:
             if source_keys_values is None:
                 raise ValueError("this DecoderLayer has cross-attention: decoding needs the source's keys and values")
-            outputs = self.attend_to_shared_source(outputs, source_keys_values, source_mask, rows_per_source)
+            outputs = self.attend_to_shared_source(outputs, source_keys_values, source_mask)
         return self.feed_forward(outputs), cache
 
-    def attend_to_shared_source(self, queries, source_cache, source_mask, rows_per_source):
-        """Cross-attention where each source row serves `rows_per_source` consecutive rows of `queries`.
+    def attend_to_shared_source(self, queries, source_cache, source_mask):
+        """Cross-attention where each source row serves consecutive rows of `queries`: `rows // sentences` of them.
 
         A sentence's rows (its beams) become positions of one row, a
         reshape since they are consecutive: every query still attends on
         its own, and the source's keys and values are read once per
         sentence, not once per beam.
         """
-        if rows_per_source == 1:
-            return self.cross_attention_block.decode_step(queries, source_cache, context_mask=source_mask)[0]
         rows, length, width = (ops.shape(queries)[axis] for axis in range(3))
-        per_sentence = ops.reshape(queries, (-1, rows_per_source * length, width))
+        sentences = ops.shape(source_cache[0])[0]
+        if isinstance(rows, int) and isinstance(sentences, int):
+            if rows == sentences:  # one row a sentence (greedy): nothing to regroup
+                return self.cross_attention_block.decode_step(queries, source_cache, context_mask=source_mask)[0]
+            if rows % sentences:
+                raise ValueError(f"decoding {rows} rows on a source of {sentences} sentences: each sentence "
+                                 "needs the same number of consecutive rows")
+        per_sentence = ops.reshape(queries, (sentences, -1, width))
         outputs, _ = self.cross_attention_block.decode_step(per_sentence, source_cache, context_mask=source_mask)
         return ops.reshape(outputs, (rows, length, width))
 
@@ -306,12 +312,12 @@ class Decoder(TransformerStack):
         outputs = self._finish(outputs)
         return (outputs, scores) if return_attention_scores else outputs
 
-    def decode_step(self, token_ids, cache, cache_index, source=None, rows_per_source=1):
+    def decode_step(self, token_ids, cache, cache_index, source=None):
         """The new positions `token_ids` `(rows, new)` at `cache_index`, on `cache` (from `build_cache`).
 
-        `source`: from `source_cache` (a decoder with cross-attention);
-        `rows_per_source`: consecutive rows of `token_ids` per row of it
-        (see the module docstring). Returns `(outputs (rows, new, d_model),
+        `source`: from `source_cache` (a decoder with cross-attention), one
+        row per sentence, each serving consecutive rows of `token_ids` (see
+        the module docstring). Returns `(outputs (rows, new, d_model),
         updated cache)`.
         """
         outputs = self.embedding(token_ids, start_index=cache_index)
@@ -319,8 +325,7 @@ class Decoder(TransformerStack):
         source_mask = source["mask"] if source is not None else None
         new_cache = []
         for layer, layer_cache, keys_values in zip(self.decoder_layers, cache, source_keys_values):
-            outputs, layer_cache = layer.decode_step(outputs, layer_cache, cache_index, keys_values, source_mask,
-                                                     rows_per_source)
+            outputs, layer_cache = layer.decode_step(outputs, layer_cache, cache_index, keys_values, source_mask)
             new_cache.append(layer_cache)
         return self._finish(outputs), new_cache
 

@@ -202,17 +202,17 @@ class Transformer(MultiWorkerFit, Hyperparameters, keras.Model):
             return self.logits(decoded[0]), decoded[1]
         return self.logits(decoded)
 
-    def decode_step(self, target_ids, cache, cache_index, source, output_kernel=None, rows_per_source=1):
+    def decode_step(self, target_ids, cache, cache_index, source, output_kernel=None):
         """Logits for the new positions `target_ids` at `cache_index`, on `cache` and `source`: `(logits, cache)`.
 
         `cache` and `source` are `build_cache`'s (see `layers.decoder`).
         `output_kernel`: with `tie_output`, `tied_output_kernel()` made once
         by a decoding loop (else every step transposes the embeddings).
-        `rows_per_source`: consecutive rows of `target_ids` per row of the
-        source (a beam search's rows of one sentence, `layers.decoder`).
+        The source has a row per sentence, and `target_ids` as many rows
+        per sentence as the search keeps (its beams; `layers.decoder`).
         """
         self._ensure_built()
-        outputs, cache = self.decoder.decode_step(target_ids, cache, cache_index, source, rows_per_source)
+        outputs, cache = self.decoder.decode_step(target_ids, cache, cache_index, source)
         return self.logits(outputs, output_kernel), cache
 
     def tied_output_kernel(self):
