@@ -1,5 +1,7 @@
 """Scaled dot-product and multi-head attention: the numbers, the masks, the cache."""
 
+import pathlib
+
 import keras
 import numpy as np
 import pytest
@@ -336,3 +338,19 @@ class TestPredictiveLocalAttention:
         attention(token)
         with pytest.raises(ValueError, match="not a decoding cache"):
             attention(token, cache=attention.empty_cache(1, 4), cache_index=0)
+
+
+def test_attention_layers_saved_with_a_window_alignment_load_and_compute_as_saved(tmp_path):
+    # Saved by the code before predictive local attention became its own class (adb703a,
+    # `tests/fixtures/legacy/`): its config names `window_alignment`, its weights are the same.
+    legacy = pathlib.Path(__file__).parent / "fixtures" / "legacy"
+    saved = np.load(legacy / "attention.npz")
+    model = keras.saving.load_model(legacy / "attention.keras")
+    # Saved again, the file loads as the one it came from.
+    model.save(tmp_path / "again.keras")
+    for model in (model, keras.saving.load_model(tmp_path / "again.keras")):
+        assert isinstance(model.get_layer("predictive"), kt.layers.PredictiveLocalAttention)
+        assert type(model.get_layer("monotonic")) is kt.layers.MultiHeadAttention
+        predictive, monotonic = model([saved["query"], saved["value"]])
+        np.testing.assert_allclose(ops.convert_to_numpy(predictive), saved["predictive"], atol=1e-6)
+        np.testing.assert_allclose(ops.convert_to_numpy(monotonic), saved["monotonic"], atol=1e-6)

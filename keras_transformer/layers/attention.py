@@ -242,17 +242,12 @@ class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
     Returns:
         `outputs (batch, query_length, d_model)`, or `(outputs, weights)` when `return_attention_scores`.
 
-    Attributes:
-        fused_attention: whether a call that returns no weights computes
-            them with the backend's fused kernel (`fused_dot_product_attention`);
-            None, the default: yes on JAX and PyTorch, no on TensorFlow.
-
     Example:
     >>> attention = MultiHeadAttention(num_heads=8)
-    >>> x = keras.random.normal((2, 10, 512))
-    >>> attention(x, use_causal_mask=True).shape  # (2, 10, 512)
+    >>> attention(keras.random.normal((2, 10, 512)), use_causal_mask=True).shape  # (2, 10, 512)
     """
 
+    # Calls returning no weights use `fused_dot_product_attention`? None: on JAX and PyTorch, not TensorFlow.
     fused_attention = None
     hyperparameters = ("num_heads", "key_dim", "dropout", "use_bias", "sliding_window", "kernel_initializer",
                        "bias_initializer")
@@ -268,6 +263,10 @@ class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True
         self.seed_generator = keras.random.SeedGenerator()
+
+    @classmethod
+    def from_config(cls, config):
+        return upgraded(cls, config) if "window_alignment" in config else super().from_config(config)
 
     def build(self, query_shape, value_shape=None, key_shape=None):
         query_dim = query_shape[-1]
@@ -364,3 +363,17 @@ class MultiHeadAttention(Hyperparameters, keras.layers.Layer):
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
         return query_shape
+
+
+def upgraded(cls, config):
+    """A layer saved before predictive local attention had a class of its own, from its config.
+
+    Its `window_alignment` said which: "predictive" is `local_attention`'s
+    class now, whose weights come in the same order; "monotonic" is this one.
+    """
+    from keras_transformer.layers import local_attention  # which imports this module
+
+    config = dict(config)
+    if config.pop("window_alignment") == local_attention.PREDICTIVE and cls is MultiHeadAttention:
+        return local_attention.SavedAsMultiHeadAttention.from_config(config)
+    return super(MultiHeadAttention, cls).from_config(config)

@@ -173,6 +173,9 @@ class CachedMultiHeadAttention(MultiHeadAttention):
     >>> outputs, cache = attention(token, use_causal_mask=True, cache=cache, cache_index=0)
     """
 
+    # Whether a step may attend to its own cache, written as it goes (self-attention).
+    decodes_on_its_own_cache = True
+
     def call(self, query, value=None, key=None, query_mask=None, value_mask=None, key_mask=None, attention_mask=None,
              use_causal_mask=False, return_attention_scores=False, training=None, cache=None, cache_index=None):
         if cache is None:
@@ -192,8 +195,7 @@ class CachedMultiHeadAttention(MultiHeadAttention):
         else:
             if value is not None or key is not None:
                 raise ValueError("a decoding step attends to its own cache: pass no value or key with cache_index")
-            if isinstance(self, PredictiveLocalAttention):
-                # p_t scales with the key count, which a growing self-attention cache does not have yet.
+            if not self.decodes_on_its_own_cache:
                 raise ValueError(
                     "predictive local attention is for a fixed context (cross-attention), not a decoding cache"
                 )
@@ -247,3 +249,6 @@ class CachedPredictiveLocalAttention(CachedMultiHeadAttention, PredictiveLocalAt
 
     Args, call arguments and returns: `PredictiveLocalAttention`'s and `CachedMultiHeadAttention`'s.
     """
+
+    # p_t scales with the key count, which a self-attention cache written as it goes does not have yet.
+    decodes_on_its_own_cache = False

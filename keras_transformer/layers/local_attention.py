@@ -128,3 +128,21 @@ class PredictiveLocalAttention(MultiHeadAttention):
         """The window's centres p_t: `(batch, heads, query_length)` (see `predict_positions`)."""
         return predict_positions(query, self._weight(self.alignment_kernel), self._weight(self.alignment_vector),
                                  key_mask, key_length)
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer", name="SavedAsMultiHeadAttention")
+class SavedAsMultiHeadAttention(PredictiveLocalAttention):
+    """A `PredictiveLocalAttention` loaded from a layer saved before it had a class of its own.
+
+    It was `MultiHeadAttention(window_alignment="predictive")` then
+    (`MultiHeadAttention.from_config` reads that config). Keras finds a
+    layer's weights in a `.keras` file by its class's name, so the layer
+    keeps that name and that config: the file it came from loads, and so
+    does the layer saved again.
+    """
+
+    def get_config(self):
+        return {**super().get_config(), "window_alignment": PREDICTIVE}
+
+
+SavedAsMultiHeadAttention.__name__ = SavedAsMultiHeadAttention.__qualname__ = MultiHeadAttention.__name__
