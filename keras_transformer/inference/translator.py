@@ -135,7 +135,7 @@ class Translator(tf.Module):
         ...                              tf.constant(["de", "fr"]))["translation"]
         """
         if not self.languages:
-            raise ValueError("this translator's tokenizers name no languages (only M2M100's and NLLB's do)")
+            raise ValueError("this translator's tokenizers name no languages (only a multilingual checkpoint's do)")
         checks = [
             tf.debugging.assert_equal(tf.size(codes), tf.size(texts), message=f"{name} must hold one code per text")
             for name, codes in (("source_language", source_languages), ("target_language", target_languages))

@@ -56,6 +56,29 @@ _ARCHITECTURE = ("src_vocab_size", "tgt_vocab_size", "num_layers", "d_model", "n
                  "share_embeddings", "tie_output", "norm_first", "position", "activation", "epsilon")
 
 
+def check_run(model, source_tokenizer, target_tokenizer, files_dir):
+    """Refuse, in one line and before anything is written, a run that cannot go out as a checkpoint.
+
+    `files_dir`: an imported run's checkpoint files (it goes back to its
+    family, which expresses it), or None for a run trained here, which goes
+    out as Marian (`check_marian`).
+    """
+    if files_dir is None:
+        check_marian(model, source_tokenizer, target_tokenizer)
+
+
+def write_run(model, tokenizers, out_dir, files_dir, decoding, languages, dtype=None):
+    """Write a run's model into `out_dir`: as the checkpoint it came from (`files_dir`), else as Marian.
+
+    `tokenizers`: (source, target); `decoding`, `languages`, `dtype`: `write_as_marian`'s
+    (an imported run keeps its checkpoint's, and its dtype unless `dtype` says another).
+    """
+    if files_dir is not None:
+        write_imported(model, files_dir, out_dir, dtype)
+    else:
+        write_as_marian(model, *tokenizers, out_dir, decoding, languages, dtype or "float32")
+
+
 def checkpoint_files(config):
     """A checkpoint's settings and its family's tokenizer files: what an imported run keeps, and writes back."""
     return SETTINGS_FILES + family_of(config).CHECKPOINT_FILES

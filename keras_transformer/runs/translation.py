@@ -555,7 +555,8 @@ def export_hf(run_dir, out_dir, dtype=None):
     """Write the run as a Hugging Face checkpoint directory `out_dir` (`pretrained.publish`); returns its path.
 
     An imported run (or one fine-tuned from it) goes back to its family with
-    the checkpoint's own files; a run trained here goes out as Marian.
+    the checkpoint's own files; a run trained here goes out in the family
+    `pretrained.publish` writes it as.
     """
     from keras_transformer.pretrained import publish
     from keras_transformer.saving import directory_written_whole
@@ -570,17 +571,13 @@ def export_hf(run_dir, out_dir, dtype=None):
     model = runs.load_trained_model(
         run_dir, lambda: build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
     )
-    if not imported:
-        publish.check_marian(model, source_tokenizer, target_tokenizer)
+    publish.check_run(model, source_tokenizer, target_tokenizer, files_dir)
+    # A Multi30k run knows its languages (tokenizer_config.json's); other corpora are not named.
+    data = config["data"]
+    languages = tuple(data["direction"].split("-")) if data["dataset"] == "multi30k" else (None, None)
     with directory_written_whole(out_dir) as staging:
-        if imported:
-            publish.write_imported(model, files_dir, staging, dtype)
-        else:
-            languages = (None, None)
-            if config["data"]["dataset"] == "multi30k":
-                languages = tuple(config["data"]["direction"].split("-"))
-            publish.write_as_marian(model, source_tokenizer, target_tokenizer, staging, config["evaluation"],
-                                    languages, dtype or "float32")
+        publish.write_run(model, (source_tokenizer, target_tokenizer), staging, files_dir, config["evaluation"],
+                          languages, dtype)
         for name in os.listdir(staging):  # readable by all, as a published checkpoint (a JSON write is private)
             os.chmod(os.path.join(staging, name), 0o644)
     logger.info("exported %s as a Hugging Face checkpoint: %s", run_dir, out_dir)

@@ -191,7 +191,7 @@ class SentencePieceTokenizer(tf.Module):
         with nothing (`export.litert`).
         """
         if not self.languages:
-            raise ValueError("this tokenizer names no languages (only M2M100's and NLLB's do)")
+            raise ValueError("this tokenizer names no languages (only a multilingual checkpoint's do)")
         codes = tf.convert_to_tensor(codes, tf.string)
         known = tf.constant(list(self.languages), tf.string)
         token_ids = tf.constant([self.id_of(token) for token in self.languages.values()], tf.int32)
