@@ -26,9 +26,10 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from measure import alternating_rounds  # noqa: E402
 
 THREADS = 2
 
@@ -137,17 +138,15 @@ def ctranslate2_decoder(model_dir, compute_type, vocabs, beam_size, length_alpha
 
 
 def time_rounds(contenders, batches, rounds=3):
-    """`{name: median sentences/s}`: each contender translates every batch once a round, the order alternating."""
+    """`{name: median sentences/s}`: each contender translates every batch once a round, in turn."""
     for decode in contenders.values():
         decode(batches[0])  # warm-up: tracing, loading
-    rates = {name: [] for name in contenders}
-    names = list(contenders)
-    for round_index in range(rounds):
-        for name in names if round_index % 2 == 0 else names[::-1]:
-            started = time.perf_counter()
-            sentences = sum(len(contenders[name](batch)) for batch in batches)
-            rates[name].append(sentences / (time.perf_counter() - started))
-    return {name: statistics.median(values) for name, values in rates.items()}
+
+    def job(decode):  # the sentences it translated
+        return lambda: sum(len(decode(batch)) for batch in batches)
+
+    seconds, counts = alternating_rounds({name: job(decode) for name, decode in contenders.items()}, rounds)
+    return {name: statistics.median(counts[name] / value for value in seconds[name]) for name in contenders}
 
 
 def main():

@@ -11,16 +11,17 @@ translations.
 """
 
 import argparse
+import functools
 import os
 import platform
 import statistics
 import tempfile
-import time
 
 import tensorflow as tf
 
 from keras_transformer.runs import translation
 from keras_transformer.export import export_translator, load_export
+from measure import alternating_rounds
 
 
 def translate_all(translate, sentences, batch_size):
@@ -51,14 +52,9 @@ def main():
         # One batch each first: tracing and loading are not throughput.
         for translate in contenders.values():
             translate_all(translate, sentences[: arguments.batch_size], arguments.batch_size)
-        seconds = {name: [] for name in contenders}
-        outputs = {}
-        for round_index in range(arguments.rounds):
-            order = list(contenders) if round_index % 2 == 0 else list(reversed(contenders))
-            for name in order:
-                start = time.perf_counter()
-                outputs[name] = translate_all(contenders[name], sentences, arguments.batch_size)
-                seconds[name].append(time.perf_counter() - start)
+        jobs = {name: functools.partial(translate_all, translate, sentences, arguments.batch_size)
+                for name, translate in contenders.items()}
+        seconds, outputs = alternating_rounds(jobs, arguments.rounds)
 
     same = outputs["in-process Translator"] == outputs["exported SavedModel"]
     rates = {name: len(sentences) / statistics.median(values) for name, values in seconds.items()}

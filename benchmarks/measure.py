@@ -8,6 +8,9 @@ each a whole number of steps, and reports the median window's rate.
 so: the suite keeps several rows alive and has each time one window in turn,
 round after round, so that a row never gets all of a fast or a slow stretch
 of this shared machine to itself.
+
+`alternating_rounds` does the same for contenders in one process (a run and
+its export, float32 and bfloat16): one pass each a round, in turn.
 """
 
 import json
@@ -139,3 +142,27 @@ class ConductedWindows(SteadyStateWindows):
 def peak_memory_mib():
     """This process's peak resident set size so far, in MiB (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def alternating_rounds(contenders, rounds):
+    """Time each contender's whole job once a round, every other round in reverse order.
+
+    Neither contender always runs first (on a machine that has just warmed
+    up, or slowed down). Call each once before, untimed: tracing and loading
+    are not throughput.
+
+    Args:
+        contenders: `{name: job}`, each `job()` returning its output.
+        rounds: how many rounds.
+
+    Returns:
+        `({name: [seconds of each round]}, {name: the last round's output})`.
+    """
+    names = list(contenders)
+    seconds, outputs = {name: [] for name in names}, {}
+    for round_index in range(rounds):
+        for name in names if round_index % 2 == 0 else names[::-1]:
+            started = time.perf_counter()
+            outputs[name] = contenders[name]()
+            seconds[name].append(time.perf_counter() - started)
+    return seconds, outputs

@@ -16,7 +16,8 @@ bfloat16 (`training.precision.NATIVE_BFLOAT16_CPU_FLAGS`) bfloat16 is emulated a
 import argparse
 import json
 import os
-import time
+
+from measure import alternating_rounds
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.environ.get("KERAS_TRANSFORMER_DATA", os.path.join(HERE, "..", "..", "shared", "data"))
@@ -61,16 +62,16 @@ def main():
         model.set_weights(float32.model.get_weights())
         bfloat16 = inference.Translator(model, source_tokenizer, target_tokenizer, float32.settings)
 
-        def timed(translator):
-            started = time.perf_counter()
-            tokens = [translator(batch)["tokens"].numpy() for batch in batches]
-            return len(sentences) / (time.perf_counter() - started), tokens
+        def job(translator):  # the tokens of every batch
+            return lambda: [translator(batch)["tokens"].numpy() for batch in batches]
 
-        timed(float32), timed(bfloat16)  # warm-up: traces
-        rounds = []
-        for _ in range(arguments.rounds):
-            (speed_32, tokens_32), (speed_16, tokens_16) = timed(float32), timed(bfloat16)
-            rounds.append((speed_32, speed_16))
+        jobs = {"float32": job(float32), "bfloat16": job(bfloat16)}
+        for translate in jobs.values():
+            translate()  # warm-up: traces
+        seconds, outputs = alternating_rounds(jobs, arguments.rounds)
+        tokens_32, tokens_16 = outputs["float32"], outputs["bfloat16"]
+        rounds = [(len(sentences) / f32, len(sentences) / b16)
+                  for f32, b16 in zip(seconds["float32"], seconds["bfloat16"])]
         same = sum(list(a[a != 0]) == list(b[b != 0])  # rows without their padding
                    for batch_32, batch_16 in zip(tokens_32, tokens_16) for a, b in zip(batch_32, batch_16))
         speeds_32, speeds_16 = zip(*rounds)

@@ -12,7 +12,7 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
-from measure import ConductedWindows  # noqa: E402
+from measure import ConductedWindows, alternating_rounds  # noqa: E402
 import suite  # noqa: E402
 
 
@@ -44,6 +44,13 @@ def test_conducted_windows_stop_when_the_conductor_is_gone():
     windows = ConductedWindows(units_per_step=1, window_seconds=0.01, commands=io.StringIO(""), reports=io.StringIO())
     run_steps(windows, step_seconds=0.001)
     assert windows.done and windows.rates == []
+
+
+def test_alternating_rounds_run_each_contender_once_a_round_never_always_first():
+    order = []
+    seconds, outputs = alternating_rounds({"a": lambda: order.append("a") or 1, "b": lambda: order.append("b") or 2}, 3)
+    assert order == ["a", "b", "b", "a", "a", "b"]
+    assert outputs == {"a": 1, "b": 2} and [len(values) for values in seconds.values()] == [3, 3]
 
 
 def train_row(model, dtype, tokens_per_s, jit=False, stock=False):
