@@ -22,8 +22,6 @@ the Transformer's API:
 
 XLA needs fixed shapes: `transformer_search(..., static_shapes=True)` gives
 the cache all its room at once and keeps finished sentences in the batch.
-A graph traced for LiteRT starts the cache empty instead, and each step
-appends to it (`layers.cached_attention.cache_writes_for_litert`).
 
 `transformer_search` puts the pieces together: the per-sentence output
 limits, the step function, and greedy or beam search.
