@@ -117,7 +117,8 @@ def cache_writes_for_litert():
     rule leaves a subgraph's inputs alone). So a cache traced here starts
     empty and each step appends its positions (`CONCATENATION`): one copy a
     step as before, of the positions so far rather than of all the room,
-    and attention reads only those (BENCHMARKS.md, "On device").
+    and attention reads only those (2.6x faster than the in-place write on a
+    64-step loop of a 12-tensor cache, 32 rows; BENCHMARKS.md).
     """
     token = _WRITES_FOR_LITERT.set(True)
     try:
