@@ -16,11 +16,10 @@ file's operator table and refuses anything else before OUT is written.
 
 What changes on the way from the SavedModel (`export.translator`):
 
-- the self-attention cache starts empty and each step appends its
-  position (`layers.cached_attention.cache_writes_for_litert`): LiteRT
-  copies a loop's cache at every step whichever way it is written, and this
-  way the copy, and attention, cover only the positions so far. Finished
-  sentences stay in the batch (`static_shapes`). The same translations.
+- the search runs with fixed shapes (`static_shapes`): the self-attention
+  cache has its whole room from the start and is written in place with
+  LiteRT's `DYNAMIC_UPDATE_SLICE` (`layers.cached_attention.cache_writes_for_litert`);
+  finished sentences stay in the batch. The same translations.
 - the text ops are the portable ones (`text.portable`): lowercasing from a
   table, the detokenizer's string join. Two things the SavedModel does to
   its input are left to the caller, since LiteRT has no kernel for them:

@@ -31,7 +31,6 @@ import tensorflow as tf
 
 from keras_transformer.inference.search import beam_rows_per_source, beam_search, greedy_search, num_steps, write_column
 from keras_transformer.inference.settings import LengthPenalty
-from keras_transformer.layers.cached_attention import cache_grows_by_appending
 from keras_transformer.layers.masks import padding_mask
 
 # Output positions a translation's self-attention cache has room for at first.
@@ -135,10 +134,7 @@ def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache
         context = {"memory": memory, "mask": source_mask}
         return recomputing_step, tf.zeros([tf.shape(source_ids)[0] * rows_per_source, max_length], tf.int32), context
 
-    if cache_grows_by_appending():  # LiteRT: no room ahead, each step appends (`layers.cached_attention`)
-        room, growing_cache = 0, False
-    else:
-        room = tf.minimum(INITIAL_CACHE_ROOM, max_length) if growing_cache else max_length
+    room = tf.minimum(INITIAL_CACHE_ROOM, max_length) if growing_cache else max_length
     cache, source = model.build_cache(memory, room, source_mask)
     cache = [tuple(repeat(cached) for cached in layer) for layer in cache]
 
@@ -183,7 +179,7 @@ def language_model_step(model, batch_size, max_length, use_cache=True):
         logits, cache = model.decode_step(tokens[:, None], cache, index)
         return tf.squeeze(logits, 1), cache
 
-    return cached_step, model.build_cache(batch_size, 0 if cache_grows_by_appending() else max_length)
+    return cached_step, model.build_cache(batch_size, max_length)
 
 
 def language_model_prefill(model):

@@ -46,7 +46,7 @@ def write_cache(cache, new_keys_values, cache_index):
     (`cache_writes_for_litert`).
     """
     if keras.backend.backend() == "tensorflow" and _WRITES_FOR_LITERT.get():
-        write = _write_by_appending
+        write = _write_as_dynamic_update_slice
     elif keras.backend.backend() == "tensorflow" and not _compiling_with_xla():
         write = _write_in_place
     else:
@@ -108,17 +108,13 @@ _WRITES_FOR_LITERT = contextvars.ContextVar("cache_writes_for_litert", default=F
 
 @contextlib.contextmanager
 def cache_writes_for_litert():
-    """Within it, TensorFlow traces cache writes as LiteRT runs them best: appended (`cache_grows_by_appending`).
+    """Within it, TensorFlow traces cache writes as one `DynamicUpdateSlice` (`export.litert`).
 
     LiteRT has neither TensorFlow's strided-slice update nor its scatter
-    update among its builtin ops. Its `DYNAMIC_UPDATE_SLICE` writes a block
-    at a position known only at run time, but into a copy of the whole
-    cache: a decoding loop's state is never written in place (its in-place
-    rule leaves a subgraph's inputs alone). So a cache traced here starts
-    empty and each step appends its positions (`CONCATENATION`): one copy a
-    step as before, of the positions so far rather than of all the room,
-    and attention reads only those (2.6x faster than the in-place write on a
-    64-step loop of a 12-tensor cache, 32 rows; BENCHMARKS.md).
+    update among its builtin ops; its `DYNAMIC_UPDATE_SLICE` writes a block at
+    a position known only at run time, into the cache's own buffer. The op
+    comes from XLA's op set, so TensorFlow itself cannot run it outside XLA:
+    only a graph that is converted, never run, is traced this way.
     """
     token = _WRITES_FOR_LITERT.set(True)
     try:
@@ -127,16 +123,14 @@ def cache_writes_for_litert():
         _WRITES_FOR_LITERT.reset(token)
 
 
-def cache_grows_by_appending():
-    """Whether caches traced now start empty and grow by each step's positions (`cache_writes_for_litert`)."""
-    return _WRITES_FOR_LITERT.get()
-
-
-def _write_by_appending(cached, new, cache_index):
-    """`write_cache` on a cache that holds exactly the positions before `cache_index`: `new` appended."""
+def _write_as_dynamic_update_slice(cached, new, cache_index):
+    """`write_cache` as the one op LiteRT writes a block with (see `cache_writes_for_litert`)."""
     import tensorflow as tf
+    from tensorflow.compiler.tf2xla.python import xla
 
-    return tf.concat([cached, tf.cast(new, cached.dtype)], axis=2)
+    origin = tf.zeros([], tf.int32)
+    corner = tf.stack([origin, origin, tf.cast(cache_index, tf.int32), origin])
+    return xla.dynamic_update_slice(cached, tf.cast(new, cached.dtype), corner)
 
 
 def _compiling_with_xla():

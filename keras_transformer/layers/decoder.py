@@ -272,11 +272,8 @@ class Decoder(TransformerStack):
             layer.build(hidden_shape, encoder_outputs_shape)
 
     def build_cache(self, batch_size, max_length):
-        """The self-attention cache for decoding up to `max_length` target positions: a `(keys, values)` a layer.
-
-        0 makes an empty cache, for steps that append to it (`layers.cached_attention`).
-        """
-        if isinstance(max_length, int) and max_length:
+        """The self-attention cache for decoding up to `max_length` target positions: a `(keys, values)` a layer."""
+        if isinstance(max_length, int):
             check_positive_int(max_length=max_length)
         return [layer.empty_self_attention_cache(batch_size, max_length) for layer in self.decoder_layers]
 
