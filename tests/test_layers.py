@@ -130,16 +130,21 @@ def test_a_sentences_beams_read_its_source_once_as_copies_of_it_would(window, le
     copies = lambda values: np.repeat(values, rows_per_source, axis=0)  # noqa: E731
     own = tuple(np.random.default_rng(4).normal(size=(2, BATCH * rows_per_source, 4, 4, D_MODEL // 4)).astype("float32"))
 
-    def decode(source, source_mask):
-        return layer.decode_step(targets, own, 1, layer.compute_cross_attention_cache(source), source_mask)
+    def decode(source, source_mask, rows_per_source=None):
+        return layer.decode_step(targets, own, 1, layer.compute_cross_attention_cache(source), source_mask,
+                                 rows_per_source=rows_per_source)
 
     layer(targets, copies(source))  # build
+    with pytest.raises(ValueError, match="rows_per_source must be a positive integer, got 0"):
+        decode(source, source_mask, rows_per_source=0)
     expected, expected_cache = decode(copies(source), copies(source_mask))
-    # The shapes say how many rows a sentence has: 6 rows on 2 sentences' source.
-    shared, shared_cache = decode(source, source_mask)
-    np.testing.assert_allclose(ops.convert_to_numpy(shared), ops.convert_to_numpy(expected), atol=1e-5)
-    for shared_part, expected_part in zip(shared_cache, expected_cache):
-        np.testing.assert_allclose(ops.convert_to_numpy(shared_part), ops.convert_to_numpy(expected_part), atol=1e-6)
+    # Told, or from the shapes: 6 rows on 2 sentences' source.
+    for told in (rows_per_source, None):
+        shared, shared_cache = decode(source, source_mask, told)
+        np.testing.assert_allclose(ops.convert_to_numpy(shared), ops.convert_to_numpy(expected), atol=1e-5)
+        for shared_part, expected_part in zip(shared_cache, expected_cache):
+            np.testing.assert_allclose(ops.convert_to_numpy(shared_part), ops.convert_to_numpy(expected_part),
+                                       atol=1e-6)
     # Each row reads its own sentence's source: a row given another sentence's would differ.
     swapped, _ = decode(source[::-1], source_mask[::-1])
     assert np.abs(ops.convert_to_numpy(swapped) - ops.convert_to_numpy(expected)).max() > 1e-3

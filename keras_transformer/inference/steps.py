@@ -10,7 +10,8 @@ the Transformer's API:
    values once (`model.build_cache`'s source): the same for every step, and
    for every beam of a sentence, they are the searches' `context`, one row
    per sentence, which the searches only cut down as sentences finish
-   (every beam of a sentence reads its row, `layers.decoder`);
+   (every beam of a sentence reads its row: `rows_per_source` in
+   `layers.decoder`);
 3. each step runs the decoder on the newest token alone, reading the
    earlier positions' keys and values from the self-attention cache and
    writing the new position's in place at the step's index
@@ -144,6 +145,8 @@ def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache
     def cached_step(tokens, cache, index, source):
         if growing_cache:
             cache = [grow_cache(own, index, max_length) for own in cache]
+        # The beams' count, known now, goes with the source (not through the loop: `layers.decoder`).
+        source = {**source, "rows_per_source": rows_per_source}
         logits, cache = model.decode_step(tokens[:, None], cache, index, source, output_kernel)
         # Squeezed, not indexed: LiteRT copies an indexed slice element by element (`layers.cached_attention`).
         return tf.squeeze(logits, 1), cache

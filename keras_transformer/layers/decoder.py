@@ -16,7 +16,8 @@ shape each, from the model to the search and back:
     cache:  [(keys, values), ...]     one pair a layer, each (rows, heads, max_length, head_dim):
                                       the self-attention keys and values so far (`Decoder.build_cache`)
     source: {"keys_values": [(keys, values), ...],   one pair a layer, (sentences, heads, source_length, head_dim)
-             "mask": (sentences, source_length)}     what every step reads of the source (`Decoder.source_cache`)
+             "mask": (sentences, source_length),     what every step reads of the source (`Decoder.source_cache`)
+             "rows_per_source": k}                   optional: the cache's rows per sentence (below)
 
 `Decoder.decode_step(new_ids, cache, t, source)` runs only the
 new positions t, t+1, ..., and returns `(outputs, updated cache)` (the
@@ -27,12 +28,15 @@ reorder the cache's rows as beams survive and only cut the source's.
 **Beams share their source.** A beam search decodes several rows per
 source sentence (its beams), which all attend to the same source. The
 source holds one row per sentence and the cache k rows per sentence, a
-sentence's rows next to each other: the shapes say it, no argument does.
-Each source row serves k consecutive rows of the target
-(`DecoderLayer.attend_to_shared_source`): those rows become k query
-positions of one row. Every query attends on its
-own, so the result is the same; the source's keys and values are stored
-and read once per sentence, not once per beam.
+sentence's rows next to each other. Each source row serves k consecutive
+rows of the target (`DecoderLayer.attend_to_shared_source`): those rows
+become k query positions of one row. Every query attends on its own, so
+the result is the same; the source's keys and values are stored and read
+once per sentence, not once per beam. The shapes say k; a search that
+knows it when it traces its loop (a Python int) puts it in the source as
+`"rows_per_source"`, so that the graph regroups nothing for greedy search
+and computes no shapes for beams. It is not loop state: the step function
+adds it each time it hands the source to the model.
 """
 
 import keras
@@ -180,7 +184,7 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
         outputs = self.feed_forward(outputs, training=training)
         return (outputs, scores) if return_attention_scores else outputs
 
-    def decode_step(self, inputs, cache, cache_index, source_keys_values=None, source_mask=None):
+    def decode_step(self, inputs, cache, cache_index, source_keys_values=None, source_mask=None, rows_per_source=None):
         """The layer on new positions `inputs` at `cache_index` (see the module docstring).
 
         Args:
@@ -192,6 +196,8 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
                 `rows // sentences` consecutive rows of `inputs` (a beam
                 search's rows of one sentence).
             source_mask: `(sentences, source_length)`.
+            rows_per_source: that `rows // sentences`, where the caller
+                knows it (the module docstring); else the shapes say it.
 
         Returns:
             `(outputs (rows, new, d_model), updated cache)`.
@@ -200,26 +206,33 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
         if self.cross_attention_block is not None:
             if source_keys_values is None:
                 raise ValueError("this DecoderLayer has cross-attention: decoding needs the source's keys and values")
-            outputs = self.attend_to_shared_source(outputs, source_keys_values, source_mask)
+            outputs = self.attend_to_shared_source(outputs, source_keys_values, source_mask, rows_per_source)
         return self.feed_forward(outputs), cache
 
-    def attend_to_shared_source(self, queries, source_cache, source_mask):
-        """Cross-attention where each source row serves consecutive rows of `queries`: `rows // sentences` of them.
+    def attend_to_shared_source(self, queries, source_cache, source_mask, rows_per_source=None):
+        """Cross-attention where each source row serves `rows_per_source` consecutive rows of `queries`.
 
         A sentence's rows (its beams) become positions of one row, a
         reshape since they are consecutive: every query still attends on
         its own, and the source's keys and values are read once per
-        sentence, not once per beam.
+        sentence, not once per beam. `rows_per_source` None: `rows //
+        sentences`, from the shapes.
         """
         rows, length, width = (ops.shape(queries)[axis] for axis in range(3))
         sentences = ops.shape(source_cache[0])[0]
-        if isinstance(rows, int) and isinstance(sentences, int):
-            if rows == sentences:  # one row a sentence (greedy): nothing to regroup
-                return self.cross_attention_block.decode_step(queries, source_cache, context_mask=source_mask)[0]
+        if rows_per_source is None and isinstance(rows, int) and isinstance(sentences, int):
             if rows % sentences:
                 raise ValueError(f"decoding {rows} rows on a source of {sentences} sentences: each sentence "
                                  "needs the same number of consecutive rows")
-        per_sentence = ops.reshape(queries, (sentences, -1, width))
+            rows_per_source = rows // sentences
+        if rows_per_source is not None:
+            check_positive_int(rows_per_source=rows_per_source)
+        if rows_per_source == 1:  # one row a sentence (greedy): nothing to regroup
+            return self.cross_attention_block.decode_step(queries, source_cache, context_mask=source_mask)[0]
+        if rows_per_source is None:
+            per_sentence = ops.reshape(queries, (sentences, -1, width))
+        else:
+            per_sentence = ops.reshape(queries, (-1, rows_per_source * length, width))
         outputs, _ = self.cross_attention_block.decode_step(per_sentence, source_cache, context_mask=source_mask)
         return ops.reshape(outputs, (rows, length, width))
 
@@ -316,16 +329,18 @@ class Decoder(TransformerStack):
         """The new positions `token_ids` `(rows, new)` at `cache_index`, on `cache` (from `build_cache`).
 
         `source`: from `source_cache` (a decoder with cross-attention), one
-        row per sentence, each serving consecutive rows of `token_ids` (see
+        row per sentence, each serving consecutive rows of `token_ids`, with
+        their count as `"rows_per_source"` where the caller knows it (see
         the module docstring). Returns `(outputs (rows, new, d_model),
         updated cache)`.
         """
         outputs = self.embedding(token_ids, start_index=cache_index)
-        source_keys_values = source["keys_values"] if source is not None else [None] * len(self.decoder_layers)
-        source_mask = source["mask"] if source is not None else None
+        source = source if source is not None else {"keys_values": [None] * len(self.decoder_layers)}
+        source_mask, rows_per_source = source.get("mask"), source.get("rows_per_source")
         new_cache = []
-        for layer, layer_cache, keys_values in zip(self.decoder_layers, cache, source_keys_values):
-            outputs, layer_cache = layer.decode_step(outputs, layer_cache, cache_index, keys_values, source_mask)
+        for layer, layer_cache, keys_values in zip(self.decoder_layers, cache, source["keys_values"]):
+            outputs, layer_cache = layer.decode_step(outputs, layer_cache, cache_index, keys_values, source_mask,
+                                                     rows_per_source)
             new_cache.append(layer_cache)
         return self._finish(outputs), new_cache
 

@@ -209,7 +209,8 @@ class Transformer(MultiWorkerFit, Hyperparameters, keras.Model):
         `output_kernel`: with `tie_output`, `tied_output_kernel()` made once
         by a decoding loop (else every step transposes the embeddings).
         The source has a row per sentence, and `target_ids` as many rows
-        per sentence as the search keeps (its beams; `layers.decoder`).
+        per sentence as the search keeps (its beams: the source's
+        `"rows_per_source"`, or its shapes; `layers.decoder`).
         """
         self._ensure_built()
         outputs, cache = self.decoder.decode_step(target_ids, cache, cache_index, source)
