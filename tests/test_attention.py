@@ -354,3 +354,7 @@ def test_attention_layers_saved_with_a_window_alignment_load_and_compute_as_save
         predictive, monotonic = model([saved["query"], saved["value"]])
         np.testing.assert_allclose(ops.convert_to_numpy(predictive), saved["predictive"], atol=1e-6)
         np.testing.assert_allclose(ops.convert_to_numpy(monotonic), saved["monotonic"], atol=1e-6)
+    # A decoder's attention saved on its own as predictive is refused in one line (its model loads).
+    config = {**model.get_layer("predictive").get_config(), "window_alignment": "predictive"}
+    with pytest.raises(ValueError, match="a CachedMultiHeadAttention saved with window_alignment='predictive'"):
+        kt.layers.CachedMultiHeadAttention.from_config(config)

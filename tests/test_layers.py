@@ -152,6 +152,27 @@ def test_a_sentences_beams_read_its_source_once_as_copies_of_it_would(window, le
         decode(np.concatenate([source, source]), np.concatenate([source_mask, source_mask]))
 
 
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="a graph with an unknown batch: TensorFlow's")
+def test_a_traced_step_with_an_unknown_batch_reads_a_sentences_rows_from_the_shapes():
+    # A caller that says nothing of beams, traced for any batch: the shapes, known only when it
+    # runs, say that 6 rows read a 2-sentence source, as rows_per_source=3 would.
+    import tensorflow as tf
+
+    layer = kt.layers.DecoderLayer(num_heads=4, d_ff=32)
+    targets = np.random.default_rng(2).normal(size=(BATCH * 3, 1, D_MODEL)).astype("float32")
+    source, source_mask = hidden(SOURCE_LENGTH, 1), np.array([[True] * SOURCE_LENGTH, [True] * 4 + [False] * 3])
+    own = tuple(np.random.default_rng(4).normal(size=(2, BATCH * 3, 4, 4, D_MODEL // 4)).astype("float32"))
+    layer(targets, np.repeat(source, 3, axis=0))  # build
+    keys, values = layer.compute_cross_attention_cache(source)
+    expected, _ = layer.decode_step(targets, own, 1, (keys, values), source_mask, rows_per_source=3)
+    spec = lambda value: tf.TensorSpec([None, *value.shape[1:]], value.dtype)  # noqa: E731
+    arguments = (targets, *own, keys, values, source_mask)
+    traced = tf.function(lambda t, own_keys, own_values, k, v, m: layer.decode_step(t, (own_keys, own_values), 1,
+                                                                                   (k, v), m)[0],
+                         input_signature=[spec(np.asarray(value)) for value in arguments])
+    np.testing.assert_allclose(traced(*arguments).numpy(), ops.convert_to_numpy(expected), atol=1e-5)
+
+
 def test_decoder_layer_with_cross_attention_needs_the_encoder():
     layer = kt.layers.DecoderLayer(num_heads=4, d_ff=32)
     with pytest.raises(ValueError, match="encoder_outputs"):

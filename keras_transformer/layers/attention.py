@@ -370,10 +370,14 @@ def upgraded(cls, config):
 
     Its `window_alignment` said which: "predictive" is `local_attention`'s
     class now, whose weights come in the same order; "monotonic" is this one.
+    The classes are found by their registered names: `local_attention`
+    imports this module, not the other way round.
     """
-    from keras_transformer.layers import local_attention  # which imports this module
-
+    registered = lambda name: keras.saving.get_registered_object(f"keras_transformer>{name}")  # noqa: E731
     config = dict(config)
-    if config.pop("window_alignment") == local_attention.PREDICTIVE and cls is MultiHeadAttention:
-        return local_attention.SavedAsMultiHeadAttention.from_config(config)
+    if config.pop("window_alignment") == "predictive" and not issubclass(cls, registered("PredictiveLocalAttention")):
+        if cls is not MultiHeadAttention:
+            raise ValueError(f"a {cls.__name__} saved with window_alignment='predictive' does not load: a "
+                             "decoder's attention is rebuilt from its DecoderLayer, so load the whole model")
+        return registered("SavedAsMultiHeadAttention").from_config(config)
     return super(MultiHeadAttention, cls).from_config(config)

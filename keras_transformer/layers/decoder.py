@@ -218,16 +218,18 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
         sentence, not once per beam. `rows_per_source` None: `rows //
         sentences`, from the shapes.
         """
-        rows, length, width = (ops.shape(queries)[axis] for axis in range(3))
-        sentences = ops.shape(source_cache[0])[0]
-        if rows_per_source is None and isinstance(rows, int) and isinstance(sentences, int):
-            if rows % sentences:
-                raise ValueError(f"decoding {rows} rows on a source of {sentences} sentences: each sentence "
-                                 "needs the same number of consecutive rows")
-            rows_per_source = rows // sentences
         if rows_per_source is not None:
             check_positive_int(rows_per_source=rows_per_source)
         if rows_per_source == 1:  # one row a sentence (greedy): nothing to regroup
+            return self.cross_attention_block.decode_step(queries, source_cache, context_mask=source_mask)[0]
+        rows, length, width = (ops.shape(queries)[axis] for axis in range(3))
+        sentences = ops.shape(source_cache[0])[0]
+        if rows_per_source is None and isinstance(rows, int) and isinstance(sentences, int):
+            if sentences == 0 or rows % sentences:
+                raise ValueError(f"decoding {rows} rows on a source of {sentences} sentences: each sentence "
+                                 "needs the same number of consecutive rows")
+            rows_per_source = rows // sentences
+        if rows_per_source == 1:
             return self.cross_attention_block.decode_step(queries, source_cache, context_mask=source_mask)[0]
         if rows_per_source is None:
             per_sentence = ops.reshape(queries, (sentences, -1, width))
