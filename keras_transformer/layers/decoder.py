@@ -50,6 +50,20 @@ from keras_transformer.layers.stack import TransformerStack
 from keras_transformer.layers.sublayers import AttentionSublayer, FeedForwardSublayer
 
 
+def rows_per_sentence(queries, source_keys):
+    """How many consecutive rows of `queries` each row of `source_keys` serves; None where the shapes are unknown yet.
+
+    Rows that do not divide evenly among the sentences are refused in one line.
+    """
+    rows, sentences = ops.shape(queries)[0], ops.shape(source_keys)[0]
+    if not (isinstance(rows, int) and isinstance(sentences, int)):
+        return None
+    if sentences == 0 or rows % sentences:
+        raise ValueError(f"decoding {rows} rows on a source of {sentences} sentences: each sentence "
+                         "needs the same number of consecutive rows")
+    return rows // sentences
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class DecoderLayer(Hyperparameters, keras.layers.Layer):
     """One decoder layer: causal self-attention, cross-attention, feed-forward.
@@ -218,21 +232,15 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
         sentence, not once per beam. `rows_per_source` None: `rows //
         sentences`, from the shapes.
         """
-        if rows_per_source is not None:
+        if rows_per_source is None:
+            rows_per_source = rows_per_sentence(queries, source_cache[0])
+        else:
             check_positive_int(rows_per_source=rows_per_source)
         if rows_per_source == 1:  # one row a sentence (greedy): nothing to regroup
             return self.cross_attention_block.decode_step(queries, source_cache, context_mask=source_mask)[0]
         rows, length, width = (ops.shape(queries)[axis] for axis in range(3))
-        sentences = ops.shape(source_cache[0])[0]
-        if rows_per_source is None and isinstance(rows, int) and isinstance(sentences, int):
-            if sentences == 0 or rows % sentences:
-                raise ValueError(f"decoding {rows} rows on a source of {sentences} sentences: each sentence "
-                                 "needs the same number of consecutive rows")
-            rows_per_source = rows // sentences
-        if rows_per_source == 1:
-            return self.cross_attention_block.decode_step(queries, source_cache, context_mask=source_mask)[0]
-        if rows_per_source is None:
-            per_sentence = ops.reshape(queries, (sentences, -1, width))
+        if rows_per_source is None:  # known only when the graph runs: as many groups as the source has rows
+            per_sentence = ops.reshape(queries, (ops.shape(source_cache[0])[0], -1, width))
         else:
             per_sentence = ops.reshape(queries, (-1, rows_per_source * length, width))
         outputs, _ = self.cross_attention_block.decode_step(per_sentence, source_cache, context_mask=source_mask)

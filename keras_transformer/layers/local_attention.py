@@ -136,13 +136,10 @@ class SavedAsMultiHeadAttention(PredictiveLocalAttention):
 
     It was `MultiHeadAttention(window_alignment="predictive")` then
     (`MultiHeadAttention.from_config` reads that config). Keras finds a
-    layer's weights in a `.keras` file by its class's name, so the layer
-    keeps that name and that config: the file it came from loads, and so
-    does the layer saved again.
+    layer's weights in a `.keras` file by its class's name, so this class
+    keeps that name: the file it came from loads, and so does the layer
+    saved again (under this class's registered name).
     """
-
-    def get_config(self):
-        return {**super().get_config(), "window_alignment": PREDICTIVE}
 
 
 SavedAsMultiHeadAttention.__name__ = SavedAsMultiHeadAttention.__qualname__ = MultiHeadAttention.__name__
