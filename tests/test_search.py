@@ -23,6 +23,8 @@ from keras_transformer.inference import (
     transformer_step,
 )
 from keras_transformer.inference import steps as decoding_steps
+from keras_transformer.inference.search import log_softmax
+from keras_transformer.litert_tracing import tracing_for_litert
 from keras_transformer.inference.tracing import graph_function
 from keras_transformer.text import WordPieceTokenizer
 
@@ -162,6 +164,23 @@ def test_a_tied_output_decodes_as_recomputation_does():
         np.testing.assert_allclose(cached[1].numpy(), plain[1].numpy(), atol=1e-5)
         teacher_forced = score_sequences(tied, ids, cached[0], START)
         np.testing.assert_allclose(cached[1].numpy(), teacher_forced.numpy(), atol=1e-4)
+
+
+def test_a_cache_settled_in_chunks_is_refused_where_it_cannot_run(model):
+    """LiteRT's greedy search decodes on a cache in two parts: beam search, or TensorFlow itself, is refused."""
+    ids = sources()
+    with pytest.raises(ValueError, match="for greedy search on the cache with static shapes"):
+        transformer_search(model, ids, decoding(beam_size=2), static_shapes=True, chunk_steps=4)
+    # Its writes are LiteRT's DYNAMIC_UPDATE_SLICE, which TensorFlow runs only under XLA.
+    with pytest.raises(ValueError, match="traced for LiteRT"):
+        graph_function(lambda x: transformer_search(model, x, decoding(), static_shapes=True, chunk_steps=4))(ids)
+
+
+def test_the_log_softmax_spelled_out_for_litert_equals_tensorflows():
+    logits = tf.constant(np.random.default_rng(0).normal(scale=20.0, size=(3, 1000)), tf.float32)
+    with tracing_for_litert():
+        spelled_out = log_softmax(logits)
+    np.testing.assert_allclose(spelled_out.numpy(), tf.nn.log_softmax(logits).numpy(), rtol=1e-6, atol=1e-4)
 
 
 def test_bad_beam_size(model):

@@ -18,8 +18,12 @@ What changes on the way from the SavedModel (`export.translator`):
 
 - the search runs with fixed shapes (`static_shapes`): the self-attention
   cache has its whole room from the start and is written in place with
-  LiteRT's `DYNAMIC_UPDATE_SLICE` (`layers.cached_attention.cache_writes_for_litert`);
-  finished sentences stay in the batch. The same translations.
+  LiteRT's `DYNAMIC_UPDATE_SLICE`; finished sentences stay in the batch.
+  Greedy search keeps the cache in two parts, settled every `CHUNK_STEPS`
+  steps, so that LiteRT's loop copies only the last few positions from step
+  to step. The log-softmax is spelled out in operators XNNPACK runs. The
+  cache writes and the log-softmax are what tracing for LiteRT changes
+  (`litert_tracing`). The same translations.
 - the text ops are the portable ones (`text.portable`): lowercasing from a
   table, the detokenizer's string join. Two things the SavedModel does to
   its input are left to the caller, since LiteRT has no kernel for them:
@@ -50,7 +54,7 @@ import tensorflow as tf
 
 from keras_transformer.inference.generator import framed_prompts
 from keras_transformer.inference.sampling import SamplingSettings
-from keras_transformer.layers.cached_attention import cache_writes_for_litert
+from keras_transformer.litert_tracing import tracing_for_litert
 from keras_transformer.on_device import MODEL_FILE, SETTINGS_FILE  # where the runner reads them
 from keras_transformer.saving import directory_written_whole, write_json
 from keras_transformer.text import SentencePieceTokenizer, WordPieceTokenizer
@@ -65,6 +69,10 @@ TEXT_OPERATORS = frozenset({
     "TFText>ByteSplitWithOffsets", "TFText>ByteSplitByOffsets", "RaggedTensorToTensor", "TFText>Utf8Binarize",
     "TFText>WhitespaceTokenize",
 })
+# Greedy search settles its self-attention cache once every this many steps (`inference.steps`): the
+# fastest of 4, 8 and 16 for a loop over OPUS-MT-base's cache (BENCHMARKS.md). Beam search reorders
+# its rows at every step, which copies the whole cache anyway: it decodes on one part.
+CHUNK_STEPS = 8
 # Lowercasing reads at most this many bytes of a text per position of the model's input (the
 # tokenizer cuts at `max_length` tokens anyway). Only a text whose first `max_length` tokens average
 # more than this (words of 30 letters and more, each one [UNK]) is cut sooner than the SavedModel cuts it.
@@ -285,9 +293,13 @@ class LiteRTService:
             setattr(self.root, name, tf.function(function, input_signature=input_signature))
         self.names = list(functions)
 
+    def signature_keys(self):
+        """The file's signatures by name: the first method's is `serving_default`."""
+        return ["serving_default"] + list(self.names[1:])
+
     def signatures(self):
-        signatures = {name: getattr(self.root, name).get_concrete_function() for name in self.names}
-        return {"serving_default" if name == self.names[0] else name: function for name, function in signatures.items()}
+        functions = [getattr(self.root, name).get_concrete_function() for name in self.names]
+        return dict(zip(self.signature_keys(), functions))
 
 
 class LiteRTTranslation(LiteRTService):
@@ -326,7 +338,9 @@ class LiteRTTranslation(LiteRTService):
     def _translation(self, source_ids, first_ids=None, unanswered=None):
         """The search and the detokenizer; `unanswered` rows get "" and the score NaN."""
         translator = self.translator
-        tokens, scores = translator.search(source_ids, static_shapes=True, first_ids=first_ids)
+        greedy = translator.settings.beam_size == 1
+        tokens, scores = translator.search(source_ids, static_shapes=True, first_ids=first_ids,
+                                           chunk_steps=CHUNK_STEPS if greedy else None)
         # The frame alone ([START] [END]): nothing to translate.
         empty = tf.reduce_sum(tf.cast(source_ids != 0, tf.int32), axis=1) <= translator.source_tokenizer.frame_length
         scores = tf.where(empty, 0.0, scores)
@@ -438,16 +452,16 @@ def convert(service, quantization=None):
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS} (or none, for float32), got {quantization!r}")
     with tempfile.TemporaryDirectory() as directory:
-        with cache_writes_for_litert():
-            signatures = service.signatures()
         # (Saving warns that tensorflow-text's inputs are renamed in the intermediate SavedModel: nothing to act on.)
         quiet, tensorflow_logger = logging.getLogger("tensorflow"), logging.getLogger("tensorflow").level
         quiet.setLevel(logging.ERROR)
         try:
-            tf.saved_model.save(service.root, directory, signatures=signatures)
+            # Saving traces the functions again: for LiteRT too.
+            with tracing_for_litert():
+                tf.saved_model.save(service.root, directory, signatures=service.signatures())
         finally:
             quiet.setLevel(tensorflow_logger)
-        converter = tf.lite.TFLiteConverter.from_saved_model(directory, signature_keys=list(signatures))
+        converter = tf.lite.TFLiteConverter.from_saved_model(directory, signature_keys=service.signature_keys())
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
         converter.allow_custom_ops = True  # tensorflow-text's kernels, checked by name below
         if quantization is not None:

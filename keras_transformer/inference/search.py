@@ -63,6 +63,7 @@ import collections
 import tensorflow as tf
 
 from keras_transformer.inference.settings import STOP_RULES
+from keras_transformer.litert_tracing import traced_for_litert
 
 # Stands in for log(0): finite, so that arithmetic on it never makes NaN.
 NEG_INF = -1e9
@@ -105,7 +106,7 @@ def _apply_rules(log_probs, rules, step, row_limits, first_ids):
     forbidden = tf.reduce_any(ids[:, None] == tf.constant(list(rules.never), tf.int32)[None, :], axis=1)
     log_probs = tf.where(forbidden, tf.cast(NEG_INF, log_probs.dtype), log_probs)
     if rules.renormalize:
-        log_probs = tf.nn.log_softmax(log_probs)
+        log_probs = log_softmax(log_probs)
 
     def certain(token_ids):  # log-probability 0 for `token_ids` (one, or one a row), -inf for every other id
         chosen = ids[None, :] == tf.reshape(token_ids, [-1, 1])
@@ -123,7 +124,29 @@ def _apply_rules(log_probs, rules, step, row_limits, first_ids):
 def _log_probs(step_fn, last, cache, step, context, rules, row_limits, first_ids):
     """One model step: log-probabilities of every next token under `rules`, and the updated cache."""
     logits, cache = step_fn(last, cache, step, context)
-    return _apply_rules(tf.nn.log_softmax(logits), rules, step, row_limits, first_ids), cache
+    return _apply_rules(log_softmax(logits), rules, step, row_limits, first_ids), cache
+
+
+def log_softmax(logits):
+    """log(softmax(logits)) over the last axis: `logits - log(sum(exp(logits)))`.
+
+    Traced for LiteRT (`litert_tracing`), it is spelled out as
+    `logits - (m + log(sum(exp(logits - m))))` with `m` each row's largest
+    logit (so that no exponential overflows). LiteRT hands those operators to
+    XNNPACK, whose kernels use the CPU's widest vectors; its own `LOG_SOFTMAX`
+    kernel is compiled for 128-bit SSE, and runs about three times slower
+    still right after XNNPACK's int8 matrix products, which leave the AVX-512
+    registers' upper halves in use (the CPU then makes every SSE instruction
+    wait on them). Over a batch of 32 rows of 58,101 logits the spelled-out
+    form took a fraction of `LOG_SOFTMAX`'s time (BENCHMARKS.md, "On device").
+    The converter recognises `(logits - m) - log(sum(exp(logits - m)))` as
+    `LOG_SOFTMAX` and fuses it back; this order of operations it leaves.
+    """
+    if not traced_for_litert():
+        return tf.nn.log_softmax(logits)
+    largest = tf.reduce_max(logits, axis=-1, keepdims=True)
+    log_total = largest + tf.math.log(tf.reduce_sum(tf.exp(logits - largest), axis=-1, keepdims=True))
+    return logits - log_total
 
 
 def write_column(buffer, column, values):
@@ -203,8 +226,15 @@ def _drop_finished(finished, sentences, answers, results, per_sentence, per_row,
 # rules, and dropping finished sentences.
 
 
-def _search(strategy, step_fn, cache, max_lengths, rules, context, drop_finished, first_ids):
-    """Run `strategy` against `step_fn` under token `rules` until every sentence is finished: `(tokens, scores)`."""
+# A cache that settles in chunks of steps (LiteRT's two-part cache, `inference.steps`): the search
+# runs `steps` steps in a loop of their own, then calls `settle(cache, start)` once, `start` being
+# the chunk's first output position. Outside that inner loop the cache goes through a step untouched.
+Chunks = collections.namedtuple("Chunks", ["steps", "settle"])
+
+
+def _search(strategy, step_fn, cache, max_lengths, context, drop_finished, first_ids, chunks):
+    """Run `strategy` against `step_fn` under its token rules until every sentence is finished: `(tokens, scores)`."""
+    rules = strategy.rules
     max_lengths = tf.convert_to_tensor(max_lengths, tf.int32)
     batch = tf.shape(max_lengths)[0]
     steps = num_steps(max_lengths)
@@ -246,9 +276,18 @@ def _search(strategy, step_fn, cache, max_lengths, rules, context, drop_finished
         strategy.initial(batch, steps),
         _no_results(batch, steps),
     )
-    _, sentences, _, _, _, state, results = tf.while_loop(
-        not_done, one_step, initial, shape_invariants=loop_shapes(initial, 2)
-    )
+    shapes = loop_shapes(initial, 2)
+    loop_body = one_step
+    if chunks is not None:
+
+        def loop_body(step, *carry):  # a chunk of steps, then the cache settles
+            end = step + chunks.steps
+            step, sentences, cache, *rest = tf.while_loop(
+                lambda step, *carry: (step < end) & not_done(step, *carry), one_step, (step, *carry),
+                shape_invariants=shapes)
+            return (step, sentences, chunks.settle(cache, end - chunks.steps), *rest)
+
+    _, sentences, _, _, _, state, results = tf.while_loop(not_done, loop_body, initial, shape_invariants=shapes)
     # Without drop_finished every sentence is still here; with it, none is.
     return _set_aside(results, sentences.places, strategy.answers(state))
 
@@ -269,6 +308,7 @@ class GreedySearch:
     reorders_rows = False
 
     def __init__(self, settings):
+        self.rules = settings.token_rules
         self.end_id = settings.token_rules.end_id
         self.penalty = settings.length_penalty
 
@@ -315,7 +355,7 @@ def _token_rules(settings):
     return rules
 
 
-def greedy_search(step_fn, cache, max_lengths, settings, context=(), drop_finished=True, first_ids=None):
+def greedy_search(step_fn, cache, max_lengths, settings, context=(), drop_finished=True, first_ids=None, chunks=None):
     """Pick the most probable token at every step.
 
     Args:
@@ -334,6 +374,9 @@ def greedy_search(step_fn, cache, max_lengths, settings, context=(), drop_finish
         first_ids: `(batch,)` int32, the token each sentence's output starts
             with (a request's target language), in place of the rules'
             `forced_first`; default: `forced_first` for all.
+        chunks: `Chunks(steps, settle)` for a cache that settles every
+            `steps` steps (LiteRT's); default: a cache the step function
+            keeps as it goes.
 
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`, `steps =
@@ -344,8 +387,8 @@ def greedy_search(step_fn, cache, max_lengths, settings, context=(), drop_finish
     >>> settings = DecodingSettings(beam_size=1).for_output(start_id, end_id)
     >>> tokens, scores = greedy_search(step_fn, cache, max_lengths, settings, context=context)
     """
-    rules = _token_rules(settings)
-    return _search(GreedySearch(settings), step_fn, cache, max_lengths, rules, context, drop_finished, first_ids)
+    _token_rules(settings)
+    return _search(GreedySearch(settings), step_fn, cache, max_lengths, context, drop_finished, first_ids, chunks)
 
 
 # -- beam search -----------------------------------------------------------------------
@@ -370,6 +413,7 @@ class BeamSearch:
     reorders_rows = True
 
     def __init__(self, settings):
+        self.rules = settings.token_rules
         self.end_id, self.beam_size = settings.token_rules.end_id, settings.beam_size
         self.penalty = settings.length_penalty
         self.stop = STOP_RULES[settings.stop_rule]
@@ -501,8 +545,8 @@ def beam_search(step_fn, cache, max_lengths, settings, context=(), drop_finished
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`.
     """
-    rules = _token_rules(settings)
-    return _search(BeamSearch(settings), step_fn, cache, max_lengths, rules, context, drop_finished, first_ids)
+    _token_rules(settings)
+    return _search(BeamSearch(settings), step_fn, cache, max_lengths, context, drop_finished, first_ids, None)
 
 
 def _cannot_be_beaten(best_final, final_count, live_log_probs, step, max_lengths, penalty):

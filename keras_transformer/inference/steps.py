@@ -23,6 +23,9 @@ the Transformer's API:
 
 XLA needs fixed shapes: `transformer_search(..., static_shapes=True)` gives
 the cache all its room at once and keeps finished sentences in the batch.
+LiteRT, which copies a loop's state at every step, decodes greedily on a
+cache kept in two parts (`chunk_steps`): most of it untouched for a chunk
+of steps, settled once a chunk.
 
 `transformer_search` puts the pieces together: the per-sentence output
 limits, the step function, and greedy or beam search.
@@ -30,8 +33,10 @@ limits, the step function, and greedy or beam search.
 
 import tensorflow as tf
 
-from keras_transformer.inference.search import beam_rows_per_source, beam_search, greedy_search, num_steps, write_column
+from keras_transformer.inference.search import (Chunks, beam_rows_per_source, beam_search, greedy_search, num_steps,
+                                                write_column)
 from keras_transformer.inference.settings import LengthPenalty
+from keras_transformer.layers.cached_attention import settle_recent
 from keras_transformer.layers.masks import padding_mask
 
 # Output positions a translation's self-attention cache has room for at first.
@@ -79,7 +84,29 @@ def grow_cache(cache, index, max_length):
     return tf.cond(index < room, lambda: tuple(cache), doubled)
 
 
-def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache=True, growing_cache=True):
+def two_part_cache(cache, chunk_steps):
+    """Empty self-attention caches, `(keys, values)` a layer, in two parts (`layers.cached_attention.settle_recent`).
+
+    The settled part keeps the room of `cache` (a whole number of chunks),
+    the recent part has room for `chunk_steps` positions; values with
+    their positions last.
+    """
+    def zeros(like, positions, positions_last=False):
+        rows, heads, _, head_dim = tf.unstack(tf.shape(like))
+        shape = [rows, heads, head_dim, positions] if positions_last else [rows, heads, positions, head_dim]
+        return tf.zeros(tf.stack(shape), like.dtype)
+
+    return [(keys, zeros(values, tf.shape(values)[2], True), zeros(keys, chunk_steps), zeros(values, chunk_steps, True))
+            for keys, values in cache]
+
+
+def settle_chunk(cache, start):
+    """Every layer's two-part cache settled after the chunk that began at output position `start`."""
+    return [settle_recent(layer, start) for layer in cache]
+
+
+def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache=True, growing_cache=True,
+                     chunk_steps=None):
     """Encode `source_ids` once; return the searches' step function, its initial cache and its context.
 
     Args:
@@ -97,6 +124,13 @@ def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache
         growing_cache: start the cache with room for `INITIAL_CACHE_ROOM`
             positions and double it when full; False: `max_length` from the
             start (fixed shapes, for XLA).
+        chunk_steps: keep each layer's self-attention cache in two parts, the
+            positions of earlier chunks of `chunk_steps` steps and the
+            current chunk's (`two_part_cache`), for a greedy search that
+            settles it after every chunk (`search.Chunks(chunk_steps,
+            settle_chunk)`): in LiteRT, a loop that copies only the recent
+            part from step to step. With `growing_cache=False`, in a graph
+            traced for LiteRT.
 
     Returns:
         `(step_fn, cache, context)`. `step_fn(tokens, cache, index, context)
@@ -136,7 +170,12 @@ def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache
         return recomputing_step, tf.zeros([tf.shape(source_ids)[0] * rows_per_source, max_length], tf.int32), context
 
     room = tf.minimum(INITIAL_CACHE_ROOM, max_length) if growing_cache else max_length
+    if chunk_steps:
+        # Whole chunks: a chunk settles as one block, which must fit.
+        room = (max_length + chunk_steps - 1) // chunk_steps * chunk_steps
     cache, source = model.build_cache(memory, room, source_mask)
+    if chunk_steps:
+        cache = two_part_cache(cache, chunk_steps)
     cache = [tuple(repeat(cached) for cached in layer) for layer in cache]
 
     # Tied embeddings: the output projection's kernel, transposed once here, not at every step.
@@ -200,7 +239,8 @@ def language_model_prefill(model):
     return prefill
 
 
-def transformer_search(model, source_ids, settings, use_cache=True, static_shapes=False, first_ids=None):
+def transformer_search(model, source_ids, settings, use_cache=True, static_shapes=False, first_ids=None,
+                       chunk_steps=None):
     """Translate source ids with a `Transformer`: greedy search for `beam_size=1`, else beam search.
 
     Args:
@@ -217,6 +257,10 @@ def transformer_search(model, source_ids, settings, use_cache=True, static_shape
             `drop_finished`). The same translations, more work.
         first_ids: `(batch,)` int32, each sentence's forced first token (a
             request's target language; see `inference.greedy_search`).
+        chunk_steps: greedy search with `static_shapes`, in a graph traced
+            for LiteRT: the self-attention cache in two parts, settled every
+            `chunk_steps` steps (see `transformer_step`). The same
+            translations.
 
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`, as the searches.
@@ -229,12 +273,17 @@ def transformer_search(model, source_ids, settings, use_cache=True, static_shape
     max_lengths = output_limits(model, source_ids, settings)
     greedy = settings.beam_size == 1
     rows_per_source = 1 if greedy else beam_rows_per_source(settings.beam_size, settings.keep_greedy)
+    if chunk_steps and not (greedy and static_shapes and use_cache):
+        raise ValueError("a cache settled in chunks is for greedy search on the cache with static shapes")
     step_fn, cache, context = transformer_step(model, source_ids, num_steps(max_lengths),
                                                rows_per_source=rows_per_source, use_cache=use_cache,
-                                               growing_cache=not static_shapes)
-    search = greedy_search if greedy else beam_search
-    return search(step_fn, cache, max_lengths, settings, context=context, drop_finished=not static_shapes,
-                  first_ids=first_ids)
+                                               growing_cache=not static_shapes, chunk_steps=chunk_steps)
+    if greedy:
+        chunks = Chunks(chunk_steps, settle_chunk) if chunk_steps else None
+        return greedy_search(step_fn, cache, max_lengths, settings, context=context, drop_finished=not static_shapes,
+                             first_ids=first_ids, chunks=chunks)
+    return beam_search(step_fn, cache, max_lengths, settings, context=context, drop_finished=not static_shapes,
+                       first_ids=first_ids)
 
 
 def score_sequences(model, source_ids, target_ids, start_id, length_penalty=LengthPenalty()):

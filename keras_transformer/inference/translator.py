@@ -86,13 +86,13 @@ class Translator(tf.Module):
         last_column = tf.range(tf.shape(ids)[1]) == max_length - 1
         return tf.where(too_long[:, None] & last_column, self.source_tokenizer.end_id, ids)
 
-    def search(self, source_ids, static_shapes=False, first_ids=None):
-        """Ids in, `(tokens, scores)` out (`static_shapes`, for XLA: see `inference.steps.transformer_search`).
+    def search(self, source_ids, static_shapes=False, first_ids=None, chunk_steps=None):
+        """Ids in, `(tokens, scores)` out (`static_shapes`, `chunk_steps`: see `inference.steps.transformer_search`).
 
         `first_ids`: each sentence's forced first token (its target language).
         """
         return transformer_search(self.model, source_ids, self.settings, static_shapes=static_shapes,
-                                  first_ids=first_ids)
+                                  first_ids=first_ids, chunk_steps=chunk_steps)
 
     def _translate(self, texts, source_language_ids=None, target_language_ids=None):
         source_ids = self.source_ids(texts, source_language_ids)

@@ -38,6 +38,7 @@ from keras import ops
 from keras_transformer.layers.checks import check_heads_divide, check_positive_int, check_rate
 from keras_transformer.layers.config import Hyperparameters
 from keras_transformer.layers.masks import merge_attention_masks
+from keras_transformer.layers.position_wise import matrix_product
 
 # Masked logits are set to this before the softmax. The logits are cast to
 # float32 first, so the value is safe under float16/bfloat16 compute dtypes
@@ -176,7 +177,7 @@ def project_heads(inputs, kernel, bias, num_heads, head_dim, parts=1):
     """`inputs` (batch, length, d) times `kernel` (d, [parts,] heads, head_dim) -> `(batch, heads, length, head_dim)`;
     with `parts` > 1 (keys and values from one matmul), a tuple of that many."""
     width = parts * num_heads * head_dim
-    projected = ops.matmul(inputs, ops.reshape(kernel, (-1, width)))
+    projected = matrix_product(inputs, ops.reshape(kernel, (-1, width)))
     if bias is not None:
         # `ops.add` of a bias vector is TensorFlow's BiasAdd, which oneDNN
         # fuses into the matmul and whose gradient is one BiasAddGrad (a
@@ -209,7 +210,7 @@ def combine_heads(attended, kernel, bias):
     static_length = attended.shape[1]
     length = static_length if static_length is not None else ops.shape(attended)[1]
     concatenated = ops.reshape(attended, (-1, length, heads * head_dim))
-    outputs = ops.matmul(concatenated, ops.reshape(kernel, (-1, output_dim)))
+    outputs = matrix_product(concatenated, ops.reshape(kernel, (-1, output_dim)))
     return outputs if bias is None else ops.add(outputs, bias)
 
 

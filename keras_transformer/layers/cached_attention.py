@@ -22,18 +22,18 @@ half of a stacked one copies it in LiteRT). `CachedMultiHeadAttention` is
   output (`compute_cache`), computed once per source sentence and never
   written.
 
-Either returns `(outputs, cache)`. Attention maps come from a full pass
+A self-attention cache may also come in two parts, for LiteRT (`settle_recent`).
+Either way the layer returns `(outputs, cache)`. Attention maps come from a full pass
 (`MultiHeadAttention.call`), not from decoding steps.
 """
-
-import contextlib
-import contextvars
 
 import keras
 from keras import ops
 
-from keras_transformer.layers.attention import MultiHeadAttention, combine_heads, project_heads
+from keras_transformer.layers.attention import MASKED_LOGIT, MultiHeadAttention, combine_heads, heads_last, project_heads
 from keras_transformer.layers.local_attention import PredictiveLocalAttention
+from keras_transformer.layers.position_wise import matrix_product
+from keras_transformer.litert_tracing import traced_for_litert
 
 
 def write_cache(cache, new_keys_values, cache_index):
@@ -43,9 +43,9 @@ def write_cache(cache, new_keys_values, cache_index):
     cache in place, and compiles it with the positions as data, not shapes
     (`_write_as_scatter`). TensorFlow without XLA writes differently:
     `_write_in_place`, and so does a graph traced for LiteRT
-    (`cache_writes_for_litert`).
+    (`litert_tracing`).
     """
-    if keras.backend.backend() == "tensorflow" and _WRITES_FOR_LITERT.get():
+    if keras.backend.backend() == "tensorflow" and traced_for_litert():
         write = _write_as_dynamic_update_slice
     elif keras.backend.backend() == "tensorflow" and not _compiling_with_xla():
         write = _write_in_place
@@ -102,35 +102,51 @@ def _write_in_place(cached, new, cache_index):
     return tf.reshape(written, tf.shape(cached))
 
 
-# Set while a graph is traced for LiteRT (`cache_writes_for_litert`).
-_WRITES_FOR_LITERT = contextvars.ContextVar("cache_writes_for_litert", default=False)
-
-
-@contextlib.contextmanager
-def cache_writes_for_litert():
-    """Within it, TensorFlow traces cache writes as one `DynamicUpdateSlice` (`export.litert`).
-
-    LiteRT has neither TensorFlow's strided-slice update nor its scatter
-    update among its builtin ops; its `DYNAMIC_UPDATE_SLICE` writes a block at
-    a position known only at run time, into the cache's own buffer. The op
-    comes from XLA's op set, so TensorFlow itself cannot run it outside XLA:
-    only a graph that is converted, never run, is traced this way.
-    """
-    token = _WRITES_FOR_LITERT.set(True)
-    try:
-        yield
-    finally:
-        _WRITES_FOR_LITERT.reset(token)
-
-
 def _write_as_dynamic_update_slice(cached, new, cache_index):
-    """`write_cache` as the one op LiteRT writes a block with (see `cache_writes_for_litert`)."""
+    """`write_cache` as the one op LiteRT writes a block with (see `litert_tracing`)."""
     import tensorflow as tf
     from tensorflow.compiler.tf2xla.python import xla
 
     origin = tf.zeros([], tf.int32)
     corner = tf.stack([origin, origin, tf.cast(cache_index, tf.int32), origin])
     return xla.dynamic_update_slice(cached, tf.cast(new, cached.dtype), corner)
+
+
+# -- a cache in two parts, for LiteRT ---------------------------------------------------
+#
+# LiteRT's loop (`WHILE`) copies every value it carries from one step to the
+# next, except one that the step returns as it got it. A self-attention cache
+# written at every step is copied whole at every step, and once more by the
+# write (`DYNAMIC_UPDATE_SLICE` writes in place only into a tensor nothing
+# else reads). Kept in two parts, it is copied much less: the positions of
+# the chunks of steps before (settled) go through a chunk's steps untouched,
+# and only the chunk's own few positions (recent) are written and copied; the
+# search writes the recent part into the settled one once a chunk
+# (`settle_recent`, `inference.search.Chunks`).
+#
+#     (keys, values, recent_keys, recent_values)
+#     keys (rows, heads, room, head_dim)      values (rows, heads, head_dim, room)
+#
+# The values keep their positions last, where the attention's weighted sum
+# runs. Only a graph traced for LiteRT (`litert_tracing`) uses it.
+
+
+def settle_recent(cache, start):
+    """A two-part cache with its recent part written into the settled one at position `start`."""
+    keys, values, recent_keys, recent_values = cache
+    keys = _write_along(keys, recent_keys, start, axis=2)
+    values = _write_along(values, recent_values, start, axis=3)
+    return keys, values, recent_keys, recent_values
+
+
+def _write_along(cached, new, index, axis):
+    """`new` written into `cached` at `index` on `axis`: LiteRT's `DYNAMIC_UPDATE_SLICE`."""
+    import tensorflow as tf
+    from tensorflow.compiler.tf2xla.python import xla
+
+    corner = [tf.zeros([], tf.int32)] * 4
+    corner[axis] = tf.cast(index, tf.int32)
+    return xla.dynamic_update_slice(cached, tf.cast(new, cached.dtype), tf.stack(corner))
 
 
 def _compiling_with_xla():
@@ -199,6 +215,8 @@ class CachedMultiHeadAttention(MultiHeadAttention):
                 raise ValueError(
                     "predictive local attention is for a fixed context (cross-attention), not a decoding cache"
                 )
+            if len(cache) == 4:
+                return self._step_on_settled_and_recent(queries, query, cache, cache_index)
             cache = write_cache(cache, self._project_new_keys_values(query), cache_index)
             keys, values = cache
             # Unfilled slots follow the last query: a causal mask hides them already.
@@ -210,6 +228,40 @@ class CachedMultiHeadAttention(MultiHeadAttention):
             )
         attended, _ = self._attend(queries, keys, values, mask, weight_scale, False, training)
         return combine_heads(attended, self.output_kernel, self.output_bias if self.use_bias else None), cache
+
+    def _step_on_settled_and_recent(self, queries, query, cache, cache_index):
+        """A decoding step on a cache in two parts (see `settle_recent`): `(outputs, cache)`.
+
+        The new position's keys and values go into the recent part, at
+        `cache_index % chunk`; the query attends to both parts as to one
+        sequence: one softmax over the settled positions before the chunk
+        and the recent ones up to this step, each part's values weighted by
+        its share of it.
+        """
+        if not traced_for_litert():
+            raise ValueError("a cache in two parts is for a graph traced for LiteRT (litert_tracing)")
+        if ops.shape(query)[1] != 1 or self.sliding_window is not None:
+            raise ValueError("a cache in two parts decodes one position at a time, without a sliding window")
+        keys, values, recent_keys, recent_values = cache
+        chunk = ops.shape(recent_keys)[2]
+        position = cache_index % chunk
+        new_keys, new_values = self._project_new_keys_values(query)
+        recent_keys = _write_along(recent_keys, new_keys, position, axis=2)
+        recent_values = _write_along(recent_values, ops.swapaxes(new_values, 2, 3), position, axis=3)
+        parts = ((keys, values, ops.arange(ops.shape(keys)[2]) < cache_index - position),
+                 (recent_keys, recent_values, ops.arange(chunk) <= position))
+        # Products of one query as multiply-and-sum: as a matrix product, XNNPACK would pack (copy)
+        # the cache as a matrix at every step, which costs more than the product.
+        logits = [ops.cast(ops.expand_dims(ops.sum(part_keys * queries, axis=-1), 2), "float32")
+                  + ops.where(visible, 0.0, MASKED_LOGIT) for part_keys, _, visible in parts]
+        largest = ops.maximum(*(ops.max(part, axis=-1, keepdims=True) for part in logits))
+        exponentials = [ops.exp(part - largest) for part in logits]
+        total = ops.sum(exponentials[0], axis=-1, keepdims=True) + ops.sum(exponentials[1], axis=-1, keepdims=True)
+        attended = sum(ops.sum(part_values * ops.cast(part / total, part_values.dtype), axis=-1)
+                       for part, (_, part_values, _) in zip(exponentials, parts))
+        outputs = combine_heads(heads_last(ops.expand_dims(attended, 2)), self.output_kernel,
+                                self.output_bias if self.use_bias else None)
+        return outputs, (keys, values, recent_keys, recent_values)
 
     def _project_step_queries(self, query):
         """Q W^Q / sqrt(d_k) for a step's few queries, which are cheaper to scale than W^Q."""
@@ -225,7 +277,7 @@ class CachedMultiHeadAttention(MultiHeadAttention):
         it: one transpose of the new positions, not of the cache.
         """
         width = 2 * self.num_heads * self.head_dim
-        projected = ops.matmul(inputs, ops.reshape(self._weight(self.key_value_kernel), (-1, width)))
+        projected = matrix_product(inputs, ops.reshape(self._weight(self.key_value_kernel), (-1, width)))
         if self.use_bias:
             projected = ops.add(projected, ops.reshape(self._weight(self.key_value_bias), (width,)))
         projected = ops.reshape(projected, (-1, ops.shape(inputs)[1], 2, self.num_heads, self.head_dim))

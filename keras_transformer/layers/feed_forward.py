@@ -12,6 +12,7 @@ import keras
 from keras_transformer.layers.checks import check_positive_int, check_rate
 from keras_transformer.layers.config import Hyperparameters
 from keras_transformer.layers.dropout import Dropout
+from keras_transformer.layers.position_wise import position_wise
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -56,8 +57,8 @@ class FeedForward(Hyperparameters, keras.layers.Layer):
         self.projection.build(tuple(inputs_shape[:-1]) + (self.d_ff,))
 
     def call(self, inputs, training=None):
-        hidden = self.hidden_dropout(self.hidden(inputs), training=training)
-        return self.projection(hidden)
+        hidden = self.hidden_dropout(position_wise(self.hidden, inputs), training=training)
+        return position_wise(self.projection, hidden)
 
     def compute_output_shape(self, inputs_shape):
         return tuple(inputs_shape[:-1]) + (self.d_model,)

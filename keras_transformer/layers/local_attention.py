@@ -32,6 +32,7 @@ from keras import ops
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.checks import check_positive_int
 from keras_transformer.layers.masks import merge_attention_masks
+from keras_transformer.layers.position_wise import matrix_product
 
 MONOTONIC, PREDICTIVE = "monotonic", "predictive"
 WINDOW_ALIGNMENTS = (MONOTONIC, PREDICTIVE)
@@ -58,8 +59,8 @@ def predict_positions(query, alignment_kernel, alignment_vector, key_mask, key_l
         key_length: the keys' count; S is each sentence's number of real
             keys (from `key_mask`), or `key_length` when nothing is padded.
     """
-    hidden = ops.tanh(ops.matmul(query, alignment_kernel))
-    fraction = ops.sigmoid(ops.cast(ops.matmul(hidden, alignment_vector), "float32"))
+    hidden = ops.tanh(matrix_product(query, alignment_kernel))
+    fraction = ops.sigmoid(ops.cast(matrix_product(hidden, alignment_vector), "float32"))
     if key_mask is None:
         source_length = ops.cast(key_length, "float32")
     else:

@@ -16,6 +16,7 @@ from keras import ops
 
 from keras_transformer.layers import Decoder
 from keras_transformer.layers.config import Hyperparameters
+from keras_transformer.layers.position_wise import matrix_product
 from keras_transformer.models.attention_maps import DECODER_STACK, stack_attention_maps
 from keras_transformer.models.multi_worker import MultiWorkerFit
 
@@ -117,7 +118,7 @@ class LanguageModel(MultiWorkerFit, Hyperparameters, keras.Model):
     def logits(self, hidden):
         """The output projection, tied to the token embedding, in float32."""
         embeddings = ops.cast(self.decoder.embedding.embeddings, hidden.dtype)
-        logits = ops.matmul(hidden, ops.transpose(embeddings)) + ops.cast(self.output_bias, hidden.dtype)
+        logits = matrix_product(hidden, ops.transpose(embeddings)) + ops.cast(self.output_bias, hidden.dtype)
         # Softmax and cross-entropy over a large vocabulary need float32.
         return ops.cast(logits, "float32")
 

@@ -16,6 +16,7 @@ from keras import ops
 from keras_transformer.layers import Decoder, Encoder
 from keras_transformer.layers.config import Hyperparameters
 from keras_transformer.layers.masks import keras_mask, padding_mask
+from keras_transformer.layers.position_wise import matrix_product, position_wise
 from keras_transformer.models.multi_worker import MultiWorkerFit
 from keras_transformer.models.attention_maps import DECODER_STACK, ENCODER_STACK, stack_attention_maps
 
@@ -234,10 +235,10 @@ class Transformer(MultiWorkerFit, Hyperparameters, keras.Model):
         if self.tie_output:
             if output_kernel is None:
                 output_kernel = self.tied_output_kernel()
-            logits = ops.matmul(decoder_outputs, ops.cast(output_kernel, decoder_outputs.dtype))
+            logits = matrix_product(decoder_outputs, ops.cast(output_kernel, decoder_outputs.dtype))
             logits = logits + ops.cast(self.output_bias, logits.dtype)
         else:
-            logits = self.output_projection(decoder_outputs)
+            logits = position_wise(self.output_projection, decoder_outputs)
         # Softmax and cross-entropy over a large vocabulary need float32.
         return ops.cast(logits, "float32")
 
