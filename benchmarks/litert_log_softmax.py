@@ -14,7 +14,7 @@ and what follows it in the searches:
   XNNPACK).
 
 Prints one JSON line per file and row count: milliseconds per call (the
-median of 7 rounds of 50 calls) and, for the two log-softmaxes, the
+median of 7 alternating rounds of 50 calls, `measure.alternating_rounds`) and, for the two log-softmaxes, the
 milliseconds they add to the product. A LOG_SOFTMAX kernel timed alone, on
 numbers copied in, is the fourth line: it shows what the kernel costs when
 XNNPACK's AVX-512 product does not run just before it.
@@ -24,13 +24,13 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
-import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from measure import alternating_rounds
+
+ROUNDS, CALLS = 7, 50
 
 
 def convert(function, rows, width, path, quantize=True):
@@ -63,22 +63,20 @@ def files(directory, rows, vocab, d_model=512):
     return paths
 
 
-def time_file(path, threads, rounds=7, calls=50):
+def interpreter_job(path, threads, calls):
+    """`job()` that invokes the file `calls` times on fixed normal numbers (`measure.alternating_rounds`)."""
     from ai_edge_litert.interpreter import Interpreter
 
     interpreter = Interpreter(model_path=path, num_threads=threads)
     interpreter.allocate_tensors()
     detail = interpreter.get_input_details()[0]
-    inputs = np.random.default_rng(1).normal(size=detail["shape"]).astype(np.float32)
-    interpreter.set_tensor(detail["index"], inputs)
-    interpreter.invoke()
-    timings = []
-    for _ in range(rounds):
-        start = time.perf_counter()
+    interpreter.set_tensor(detail["index"], np.random.default_rng(1).normal(size=detail["shape"]).astype(np.float32))
+
+    def job():
         for _ in range(calls):
             interpreter.invoke()
-        timings.append((time.perf_counter() - start) / calls * 1e3)
-    return statistics.median(timings)
+
+    return job
 
 
 def main():
@@ -90,7 +88,11 @@ def main():
     with tempfile.TemporaryDirectory() as directory:
         for rows in args.rows:
             paths = files(directory, rows, args.vocab)
-            milliseconds = {name: time_file(path, args.threads) for name, path in paths.items()}
+            jobs = {name: interpreter_job(path, args.threads, CALLS) for name, path in paths.items()}
+            for job in jobs.values():
+                job()  # untimed: the first invocations prepare and pack
+            seconds, _ = alternating_rounds(jobs, ROUNDS)
+            milliseconds = {name: statistics.median(values) / CALLS * 1e3 for name, values in seconds.items()}
             for name, value in milliseconds.items():
                 line = {"rows": rows, "vocab": args.vocab, "file": name, "ms_per_call": round(value, 3)}
                 if name in ("LOG_SOFTMAX", "spelled out"):

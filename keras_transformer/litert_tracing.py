@@ -2,7 +2,7 @@
 
 `export.litert` traces the searches and the model again for the LiteRT file.
 Within `tracing_for_litert()` two pieces of code trace otherwise than for
-TensorFlow; both compute the same numbers:
+TensorFlow; the translations are the same:
 
 - a cache write is one `DYNAMIC_UPDATE_SLICE` (`layers.cached_attention.write_cache`).
   LiteRT has neither TensorFlow's strided-slice update nor its scatter
@@ -14,7 +14,8 @@ TensorFlow; both compute the same numbers:
   this way too, and refused outside `tracing_for_litert()`.
 - the searches' log-softmax is spelled out as a maximum, an exponential, a
   sum and a logarithm (`inference.search.log_softmax`), operators that
-  LiteRT hands to XNNPACK, instead of LiteRT's own `LOG_SOFTMAX` kernel.
+  LiteRT hands to XNNPACK, instead of LiteRT's own `LOG_SOFTMAX` kernel. The
+  scores may differ from TensorFlow's in their last bits.
 """
 
 import contextlib

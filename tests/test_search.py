@@ -24,8 +24,8 @@ from keras_transformer.inference import (
 )
 from keras_transformer.inference import steps as decoding_steps
 from keras_transformer.inference.search import log_softmax
-from keras_transformer.litert_tracing import tracing_for_litert
 from keras_transformer.inference.tracing import graph_function
+from keras_transformer.litert_tracing import tracing_for_litert
 from keras_transformer.text import WordPieceTokenizer
 
 START, END = 2, 3
@@ -169,8 +169,10 @@ def test_a_tied_output_decodes_as_recomputation_does():
 def test_a_cache_settled_in_chunks_is_refused_where_it_cannot_run(model):
     """LiteRT's greedy search decodes on a cache in two parts: beam search, or TensorFlow itself, is refused."""
     ids = sources()
-    with pytest.raises(ValueError, match="for greedy search on the cache with static shapes"):
+    with pytest.raises(ValueError, match="for greedy search"):
         transformer_search(model, ids, decoding(beam_size=2), static_shapes=True, chunk_steps=4)
+    with pytest.raises(ValueError, match="all its room from the start"):
+        transformer_search(model, ids, decoding(), chunk_steps=4)
     # Its writes are LiteRT's DYNAMIC_UPDATE_SLICE, which TensorFlow runs only under XLA.
     with pytest.raises(ValueError, match="traced for LiteRT"):
         graph_function(lambda x: transformer_search(model, x, decoding(), static_shapes=True, chunk_steps=4))(ids)

@@ -69,9 +69,10 @@ TEXT_OPERATORS = frozenset({
     "TFText>ByteSplitWithOffsets", "TFText>ByteSplitByOffsets", "RaggedTensorToTensor", "TFText>Utf8Binarize",
     "TFText>WhitespaceTokenize",
 })
-# Greedy search settles its self-attention cache once every this many steps (`inference.steps`): the
-# fastest of 4, 8 and 16 for a loop over OPUS-MT-base's cache (BENCHMARKS.md). Beam search reorders
-# its rows at every step, which copies the whole cache anyway: it decodes on one part.
+# Greedy search settles its self-attention cache once every this many steps (`inference.steps`):
+# between settles LiteRT's loop copies only the chunk's positions from step to step, and a settle
+# rewrites the settled part once. Beam search reorders its rows at every step, which copies the whole
+# cache anyway: it decodes on one part.
 CHUNK_STEPS = 8
 # Lowercasing reads at most this many bytes of a text per position of the model's input (the
 # tokenizer cuts at `max_length` tokens anyway). Only a text whose first `max_length` tokens average
@@ -580,11 +581,13 @@ def export_litert(service, out_dir, quantization=None):
     with directory_written_whole(out_dir) as partial:
         with open(os.path.join(partial, MODEL_FILE), "wb") as file:
             file.write(model)
+        with tracing_for_litert():  # the functions as traced for the file
+            signatures = service.signatures()
         write_json(os.path.join(partial, SETTINGS_FILE), {
             **service.settings(), "quantization": quantization or "float32", "operators": operators(model),
             "signature": {name: {"inputs": [spec.name for spec in function.structured_input_signature[0]],
                                  "outputs": sorted(function.structured_outputs)}
-                          for name, function in service.signatures().items()},
+                          for name, function in signatures.items()},
         })
     return out_dir
 

@@ -218,17 +218,19 @@ def _drop_finished(finished, sentences, answers, results, per_sentence, per_row,
 # -- one loop, two strategies ----------------------------------------------------------
 #
 # A strategy says what one step does with the model's log-probabilities
-# (OpenNMT-tf's decoding strategies, keras-hub's samplers): how many rows it
-# searches per sentence (`rows_per_source`), its `initial` state, `advance`
-# (the next tokens, and for beam search which rows they extend, so that the
-# cache is reordered: `reorders_rows`), `finished` sentences and their
-# `answers`. `_search` is the loop around it: the model step, the token
-# rules, and dropping finished sentences.
+# (OpenNMT-tf's decoding strategies, keras-hub's samplers): the token `rules`
+# it searches under, how many rows it searches per sentence
+# (`rows_per_source`), its `initial` state, `advance` (the next tokens, and
+# for beam search which rows they extend, so that the cache is reordered:
+# `reorders_rows`), `finished` sentences and their `answers`. `_search` is the
+# loop around it: the model step, the token rules, and dropping finished
+# sentences.
 
 
 # A cache that settles in chunks of steps (LiteRT's two-part cache, `inference.steps`): the search
 # runs `steps` steps in a loop of their own, then calls `settle(cache, start)` once, `start` being
-# the chunk's first output position. Outside that inner loop the cache goes through a step untouched.
+# the chunk's first output position. Within the chunk the step functions leave the settled part as
+# they got it, and LiteRT's loop hands it from step to step without copying it.
 Chunks = collections.namedtuple("Chunks", ["steps", "settle"])
 
 
@@ -308,8 +310,8 @@ class GreedySearch:
     reorders_rows = False
 
     def __init__(self, settings):
-        self.rules = settings.token_rules
-        self.end_id = settings.token_rules.end_id
+        self.rules = _token_rules(settings)
+        self.end_id = self.rules.end_id
         self.penalty = settings.length_penalty
 
     @staticmethod
@@ -387,7 +389,6 @@ def greedy_search(step_fn, cache, max_lengths, settings, context=(), drop_finish
     >>> settings = DecodingSettings(beam_size=1).for_output(start_id, end_id)
     >>> tokens, scores = greedy_search(step_fn, cache, max_lengths, settings, context=context)
     """
-    _token_rules(settings)
     return _search(GreedySearch(settings), step_fn, cache, max_lengths, context, drop_finished, first_ids, chunks)
 
 
@@ -413,8 +414,8 @@ class BeamSearch:
     reorders_rows = True
 
     def __init__(self, settings):
-        self.rules = settings.token_rules
-        self.end_id, self.beam_size = settings.token_rules.end_id, settings.beam_size
+        self.rules = _token_rules(settings)
+        self.end_id, self.beam_size = self.rules.end_id, settings.beam_size
         self.penalty = settings.length_penalty
         self.stop = STOP_RULES[settings.stop_rule]
         self.greedy = GreedySearch(settings) if settings.keep_greedy else None
@@ -545,7 +546,6 @@ def beam_search(step_fn, cache, max_lengths, settings, context=(), drop_finished
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`.
     """
-    _token_rules(settings)
     return _search(BeamSearch(settings), step_fn, cache, max_lengths, context, drop_finished, first_ids, None)
 
 

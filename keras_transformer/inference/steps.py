@@ -151,6 +151,8 @@ def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache
     >>> step_fn, cache, context = transformer_step(model, source_ids, num_steps(max_lengths))
     >>> greedy_search(step_fn, cache, max_lengths, settings, context=context)
     """
+    if chunk_steps and (growing_cache or not use_cache):
+        raise ValueError("a cache settled in chunks has all its room from the start: use_cache=True, growing_cache=False")
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)
     memory = model.encode(source_ids)
     source_mask = padding_mask(source_ids)
@@ -273,8 +275,8 @@ def transformer_search(model, source_ids, settings, use_cache=True, static_shape
     max_lengths = output_limits(model, source_ids, settings)
     greedy = settings.beam_size == 1
     rows_per_source = 1 if greedy else beam_rows_per_source(settings.beam_size, settings.keep_greedy)
-    if chunk_steps and not (greedy and static_shapes and use_cache):
-        raise ValueError("a cache settled in chunks is for greedy search on the cache with static shapes")
+    if chunk_steps and not greedy:
+        raise ValueError("a cache settled in chunks is for greedy search: beam search reorders its rows at every step")
     step_fn, cache, context = transformer_step(model, source_ids, num_steps(max_lengths),
                                                rows_per_source=rows_per_source, use_cache=use_cache,
                                                growing_cache=not static_shapes, chunk_steps=chunk_steps)

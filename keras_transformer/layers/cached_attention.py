@@ -41,12 +41,12 @@ def write_cache(cache, new_keys_values, cache_index):
 
     XLA (JAX's jit, or TensorFlow's `jit_compile`) writes a scatter into the
     cache in place, and compiles it with the positions as data, not shapes
-    (`_write_as_scatter`). TensorFlow without XLA writes differently:
-    `_write_in_place`, and so does a graph traced for LiteRT
-    (`litert_tracing`).
+    (`_write_as_scatter`). TensorFlow without XLA writes differently
+    (`_write_in_place`), and a graph traced for LiteRT differently again:
+    with LiteRT's `DYNAMIC_UPDATE_SLICE` (`_write_along`, `litert_tracing`).
     """
     if keras.backend.backend() == "tensorflow" and traced_for_litert():
-        write = _write_as_dynamic_update_slice
+        write = lambda cached, new, cache_index: _write_along(cached, new, cache_index, axis=2)  # noqa: E731
     elif keras.backend.backend() == "tensorflow" and not _compiling_with_xla():
         write = _write_in_place
     else:
@@ -102,16 +102,6 @@ def _write_in_place(cached, new, cache_index):
     return tf.reshape(written, tf.shape(cached))
 
 
-def _write_as_dynamic_update_slice(cached, new, cache_index):
-    """`write_cache` as the one op LiteRT writes a block with (see `litert_tracing`)."""
-    import tensorflow as tf
-    from tensorflow.compiler.tf2xla.python import xla
-
-    origin = tf.zeros([], tf.int32)
-    corner = tf.stack([origin, origin, tf.cast(cache_index, tf.int32), origin])
-    return xla.dynamic_update_slice(cached, tf.cast(new, cached.dtype), corner)
-
-
 # -- a cache in two parts, for LiteRT ---------------------------------------------------
 #
 # LiteRT's loop (`WHILE`) copies every value it carries from one step to the
@@ -140,7 +130,7 @@ def settle_recent(cache, start):
 
 
 def _write_along(cached, new, index, axis):
-    """`new` written into `cached` at `index` on `axis`: LiteRT's `DYNAMIC_UPDATE_SLICE`."""
+    """`new` written into `cached` at `index` on `axis`, as the one op LiteRT writes a block with (`litert_tracing`)."""
     import tensorflow as tf
     from tensorflow.compiler.tf2xla.python import xla
 
@@ -172,7 +162,8 @@ class CachedMultiHeadAttention(MultiHeadAttention):
         As for `MultiHeadAttention`, plus:
         cache: a `(keys, values)` pair, each `(batch, heads, length,
             head_dim)`: a self-attention cache (`empty_cache`) or a fixed
-            context (`compute_cache`).
+            context (`compute_cache`); or, traced for LiteRT, a
+            self-attention cache in two parts (`settle_recent`).
         cache_index: with `cache`, the number of cached positions: `query`
             holds the positions that follow (self-attention; `value` and
             `key` are not given). Without it the cache is a fixed context.
