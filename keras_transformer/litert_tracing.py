@@ -9,9 +9,9 @@ TensorFlow; the translations are the same:
   update among its builtin operators; this one writes a block at a position
   known only at run time. It comes from XLA's op set, so TensorFlow itself
   cannot run it outside XLA: only a graph that is converted, never run, is
-  traced this way. A self-attention cache in two parts, which LiteRT's greedy
-  search decodes on (`layers.cached_attention.settle_recent`), is written
-  this way too, and refused outside `tracing_for_litert()`.
+  traced this way. A self-attention cache in two parts, which LiteRT's searches
+  decode on (`layers.cached_attention.settle_recent`), is written this way
+  too, and refused outside `tracing_for_litert()`.
 - the searches' log-softmax is spelled out as a maximum, an exponential, a
   sum and a logarithm (`inference.search.log_softmax`), operators that
   LiteRT hands to XNNPACK, instead of LiteRT's own `LOG_SOFTMAX` kernel. The

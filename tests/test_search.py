@@ -167,15 +167,16 @@ def test_a_tied_output_decodes_as_recomputation_does():
 
 
 def test_a_cache_settled_in_chunks_is_refused_where_it_cannot_run(model):
-    """LiteRT's greedy search decodes on a cache in two parts: beam search, or TensorFlow itself, is refused."""
+    """LiteRT's searches decode on a cache in two parts that grows between chunks: elsewhere it is refused."""
     ids = sources()
-    with pytest.raises(ValueError, match="for greedy search"):
+    with pytest.raises(ValueError, match="grows between chunks"):
         transformer_search(model, ids, decoding(beam_size=2), static_shapes=True, chunk_steps=4)
-    with pytest.raises(ValueError, match="all its room from the start"):
-        transformer_search(model, ids, decoding(), chunk_steps=4)
+    with pytest.raises(ValueError, match="key/value cache"):
+        transformer_search(model, ids, decoding(), use_cache=False, chunk_steps=4)
     # Its writes are LiteRT's DYNAMIC_UPDATE_SLICE, which TensorFlow runs only under XLA.
-    with pytest.raises(ValueError, match="traced for LiteRT"):
-        graph_function(lambda x: transformer_search(model, x, decoding(), static_shapes=True, chunk_steps=4))(ids)
+    for beam_size in (1, 2):
+        with pytest.raises(ValueError, match="traced for LiteRT"):
+            graph_function(lambda x: transformer_search(model, x, decoding(beam_size=beam_size), chunk_steps=4))(ids)
 
 
 def test_the_log_softmax_spelled_out_for_litert_equals_tensorflows():

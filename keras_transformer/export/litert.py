@@ -69,10 +69,11 @@ TEXT_OPERATORS = frozenset({
     "TFText>ByteSplitWithOffsets", "TFText>ByteSplitByOffsets", "RaggedTensorToTensor", "TFText>Utf8Binarize",
     "TFText>WhitespaceTokenize",
 })
-# Greedy search settles its self-attention cache once every this many steps (`inference.steps`):
-# between settles LiteRT's loop copies only the chunk's positions from step to step, and a settle
-# rewrites the settled part once. Beam search reorders its rows at every step, which copies the whole
-# cache anyway: it decodes on one part.
+# The searches settle their self-attention cache once every this many steps (`inference.steps`):
+# between settles LiteRT's loop copies only the chunk's positions from step to step (greedy search;
+# beam search reorders its rows, which copies both parts), and a settle rewrites the settled part
+# once and grows it by a chunk. Greedy search drops its finished sentences there too; beam search
+# drops them at every step, in the gather that reorders its rows anyway.
 CHUNK_STEPS = 8
 # Lowercasing reads at most this many bytes of a text per position of the model's input (the
 # tokenizer cuts at `max_length` tokens anyway). Only a text whose first `max_length` tokens average
@@ -339,9 +340,7 @@ class LiteRTTranslation(LiteRTService):
     def _translation(self, source_ids, first_ids=None, unanswered=None):
         """The search and the detokenizer; `unanswered` rows get "" and the score NaN."""
         translator = self.translator
-        greedy = translator.settings.beam_size == 1
-        tokens, scores = translator.search(source_ids, static_shapes=True, first_ids=first_ids,
-                                           chunk_steps=CHUNK_STEPS if greedy else None)
+        tokens, scores = translator.search(source_ids, first_ids=first_ids, chunk_steps=CHUNK_STEPS)
         # The frame alone ([START] [END]): nothing to translate.
         empty = tf.reduce_sum(tf.cast(source_ids != 0, tf.int32), axis=1) <= translator.source_tokenizer.frame_length
         scores = tf.where(empty, 0.0, scores)

@@ -229,8 +229,10 @@ def _drop_finished(finished, sentences, answers, results, per_sentence, per_row,
 
 # A cache that settles in chunks of steps (LiteRT's two-part cache, `inference.steps`): the search
 # runs `steps` steps in a loop of their own, then calls `settle(cache, start)` once, `start` being
-# the chunk's first output position. Within the chunk the step functions leave the settled part as
-# they got it, and LiteRT's loop hands it from step to step without copying it.
+# the chunk's first output position, and drops the sentences that have finished. Within the chunk
+# every shape stays as it is, the step functions leave the settled part as they got it, and LiteRT's
+# loop hands it from step to step without copying it. Between chunks the cache may grow and the batch
+# shrink, where LiteRT re-plans the chunk's loop once rather than at every step.
 Chunks = collections.namedtuple("Chunks", ["steps", "settle"])
 
 
@@ -256,7 +258,7 @@ def _search(strategy, step_fn, cache, max_lengths, context, drop_finished, first
         log_probs, cache = _log_probs(step_fn, last, cache, step, context, rules, row_limits,
                                       row_first_ids if first_per_sentence else rules.forced_first)
         tokens, parents, state = strategy.advance(state, log_probs, step, sentences.max_lengths)
-        if drop_finished:
+        if drop_finished and (chunks is None or strategy.reorders_rows):
             # Beam search gathers its cache rows by `parents` below, which
             # drops the finished sentences' rows at no extra cost; greedy
             # search keeps its rows in place, so they are dropped here.
@@ -282,12 +284,17 @@ def _search(strategy, step_fn, cache, max_lengths, context, drop_finished, first
     loop_body = one_step
     if chunks is not None:
 
-        def loop_body(step, *carry):  # a chunk of steps, then the cache settles
-            end = step + chunks.steps
-            step, sentences, cache, *rest = tf.while_loop(
-                lambda step, *carry: (step < end) & not_done(step, *carry), one_step, (step, *carry),
-                shape_invariants=shapes)
-            return (step, sentences, chunks.settle(cache, end - chunks.steps), *rest)
+        def loop_body(step, *carry):  # a chunk of steps, then the cache settles and finished sentences leave
+            start = step
+            step, sentences, cache, context, last, state, results = tf.while_loop(
+                lambda step, *carry: (step < start + chunks.steps) & not_done(step, *carry), one_step,
+                (step, *carry), shape_invariants=shapes)
+            cache = chunks.settle(cache, start)
+            if drop_finished and not strategy.reorders_rows:
+                results, (sentences, (state, context)), (cache, last) = _drop_finished(
+                    strategy.finished(state), sentences, lambda: strategy.answers(state), results, (state, context),
+                    [cache, last], rows_per_source)
+            return step, sentences, cache, context, last, state, results
 
     _, sentences, _, _, _, state, results = tf.while_loop(not_done, loop_body, initial, shape_invariants=shapes)
     # Without drop_finished every sentence is still here; with it, none is.
@@ -377,8 +384,10 @@ def greedy_search(step_fn, cache, max_lengths, settings, context=(), drop_finish
             with (a request's target language), in place of the rules'
             `forced_first`; default: `forced_first` for all.
         chunks: `Chunks(steps, settle)` for a cache that settles every
-            `steps` steps (LiteRT's); default: a cache the step function
-            keeps as it goes.
+            `steps` steps (LiteRT's), where with `drop_finished` greedy
+            search drops its finished sentences (beam search drops them at
+            every step, in the gather that reorders its rows); default: a
+            cache the step function keeps as it goes.
 
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`, `steps =
@@ -504,7 +513,7 @@ class BeamSearch:
         return state, beam_done, tf.gather(beam_index, best, batch_dims=1), tf.gather(tokens, best, batch_dims=1)
 
 
-def beam_search(step_fn, cache, max_lengths, settings, context=(), drop_finished=True, first_ids=None):
+def beam_search(step_fn, cache, max_lengths, settings, context=(), drop_finished=True, first_ids=None, chunks=None):
     """Keep the `beam_size` most probable hypotheses at every step; return the best.
 
     At each step the live hypotheses are extended by every token and the
@@ -541,12 +550,12 @@ def beam_search(step_fn, cache, max_lengths, settings, context=(), drop_finished
             `stop_rule`, the length penalty and the token rules). With
             `keep_greedy` (the settings' default) a sentence has
             `beam_size + 1` rows: lay the cache out for them.
-        drop_finished, first_ids: as for `greedy_search`.
+        drop_finished, first_ids, chunks: as for `greedy_search`.
 
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`.
     """
-    return _search(BeamSearch(settings), step_fn, cache, max_lengths, context, drop_finished, first_ids, None)
+    return _search(BeamSearch(settings), step_fn, cache, max_lengths, context, drop_finished, first_ids, chunks)
 
 
 def _cannot_be_beaten(best_final, final_count, live_log_probs, step, max_lengths, penalty):

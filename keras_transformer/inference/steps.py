@@ -23,9 +23,10 @@ the Transformer's API:
 
 XLA needs fixed shapes: `transformer_search(..., static_shapes=True)` gives
 the cache all its room at once and keeps finished sentences in the batch.
-LiteRT, which copies a loop's state at every step, decodes greedily on a
-cache kept in two parts (`chunk_steps`): most of it untouched for a chunk
-of steps, settled once a chunk.
+LiteRT, which copies a loop's state at every step and re-plans a loop whose
+shapes change, decodes in chunks of steps (`chunk_steps`) on a cache kept in
+two parts: most of it untouched for a chunk, settled once a chunk. Between
+chunks, and only there, the cache grows and finished sentences leave.
 
 `transformer_search` puts the pieces together: the per-sentence output
 limits, the step function, and greedy or beam search.
@@ -87,8 +88,9 @@ def grow_cache(cache, index, max_length):
 def two_part_cache(cache, chunk_steps):
     """Empty self-attention caches, `(keys, values)` a layer, in two parts (`layers.cached_attention.settle_recent`).
 
-    The settled part keeps the room of `cache` (a whole number of chunks),
-    the recent part has room for `chunk_steps` positions; values with
+    The settled part keeps the room of `cache` (`chunk_steps` positions,
+    `settle_recent` grows it a chunk at a time), the recent part has room
+    for `chunk_steps` positions; values with
     their positions last.
     """
     def zeros(like, positions, positions_last=False):
@@ -126,11 +128,11 @@ def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache
             start (fixed shapes, for XLA).
         chunk_steps: keep each layer's self-attention cache in two parts, the
             positions of earlier chunks of `chunk_steps` steps and the
-            current chunk's (`two_part_cache`), for a greedy search that
-            settles it after every chunk (`search.Chunks(chunk_steps,
-            settle_chunk)`): in LiteRT, a loop that copies only the recent
-            part from step to step. With `growing_cache=False`, in a graph
-            traced for LiteRT.
+            current chunk's (`two_part_cache`), for a search that settles it
+            after every chunk (`search.Chunks(chunk_steps, settle_chunk)`),
+            growing it by a chunk: in LiteRT, a loop that copies only the
+            recent part from step to step. In a graph traced for LiteRT;
+            `growing_cache` does not apply.
 
     Returns:
         `(step_fn, cache, context)`. `step_fn(tokens, cache, index, context)
@@ -151,8 +153,8 @@ def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache
     >>> step_fn, cache, context = transformer_step(model, source_ids, num_steps(max_lengths))
     >>> greedy_search(step_fn, cache, max_lengths, settings, context=context)
     """
-    if chunk_steps and (growing_cache or not use_cache):
-        raise ValueError("a cache settled in chunks has all its room from the start: use_cache=True, growing_cache=False")
+    if chunk_steps and not use_cache:
+        raise ValueError("a cache settled in chunks is a key/value cache: use_cache=True")
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)
     memory = model.encode(source_ids)
     source_mask = padding_mask(source_ids)
@@ -173,8 +175,8 @@ def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache
 
     room = tf.minimum(INITIAL_CACHE_ROOM, max_length) if growing_cache else max_length
     if chunk_steps:
-        # Whole chunks: a chunk settles as one block, which must fit.
-        room = (max_length + chunk_steps - 1) // chunk_steps * chunk_steps
+        growing_cache = False  # the settled part grows as it settles
+        room = chunk_steps
     cache, source = model.build_cache(memory, room, source_mask)
     if chunk_steps:
         cache = two_part_cache(cache, chunk_steps)
@@ -259,10 +261,10 @@ def transformer_search(model, source_ids, settings, use_cache=True, static_shape
             `drop_finished`). The same translations, more work.
         first_ids: `(batch,)` int32, each sentence's forced first token (a
             request's target language; see `inference.greedy_search`).
-        chunk_steps: greedy search with `static_shapes`, in a graph traced
-            for LiteRT: the self-attention cache in two parts, settled every
-            `chunk_steps` steps (see `transformer_step`). The same
-            translations.
+        chunk_steps: in a graph traced for LiteRT, without `static_shapes`:
+            the self-attention cache in two parts, settled every
+            `chunk_steps` steps, when the cache grows and finished sentences
+            leave (see `transformer_step`). The same translations.
 
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`, as the searches.
@@ -275,17 +277,14 @@ def transformer_search(model, source_ids, settings, use_cache=True, static_shape
     max_lengths = output_limits(model, source_ids, settings)
     greedy = settings.beam_size == 1
     rows_per_source = 1 if greedy else beam_rows_per_source(settings.beam_size, settings.keep_greedy)
-    if chunk_steps and not greedy:
-        raise ValueError("a cache settled in chunks is for greedy search: beam search reorders its rows at every step")
+    if chunk_steps and static_shapes:
+        raise ValueError("a cache settled in chunks grows between chunks: static_shapes=False")
     step_fn, cache, context = transformer_step(model, source_ids, num_steps(max_lengths),
                                                rows_per_source=rows_per_source, use_cache=use_cache,
                                                growing_cache=not static_shapes, chunk_steps=chunk_steps)
-    if greedy:
-        chunks = Chunks(chunk_steps, settle_chunk) if chunk_steps else None
-        return greedy_search(step_fn, cache, max_lengths, settings, context=context, drop_finished=not static_shapes,
-                             first_ids=first_ids, chunks=chunks)
-    return beam_search(step_fn, cache, max_lengths, settings, context=context, drop_finished=not static_shapes,
-                       first_ids=first_ids)
+    search = greedy_search if greedy else beam_search
+    return search(step_fn, cache, max_lengths, settings, context=context, drop_finished=not static_shapes,
+                  first_ids=first_ids, chunks=Chunks(chunk_steps, settle_chunk) if chunk_steps else None)
 
 
 def score_sequences(model, source_ids, target_ids, start_id, length_penalty=LengthPenalty()):

@@ -112,7 +112,10 @@ def _write_in_place(cached, new, cache_index):
 # the chunks of steps before (settled) go through a chunk's steps untouched,
 # and only the chunk's own few positions (recent) are written and copied; the
 # search writes the recent part into the settled one once a chunk
-# (`settle_recent`, `inference.search.Chunks`).
+# (`settle_recent`, `inference.search.Chunks`). The settled part grows a
+# chunk at a time, so that a step attends over about as many positions as
+# have been written, not over the longest output allowed: its last chunk of
+# room is where the recent part will settle, masked until then.
 #
 #     (keys, values, recent_keys, recent_values)
 #     keys (rows, heads, room, head_dim)      values (rows, heads, head_dim, room)
@@ -122,10 +125,12 @@ def _write_in_place(cached, new, cache_index):
 
 
 def settle_recent(cache, start):
-    """A two-part cache with its recent part written into the settled one at position `start`."""
+    """A two-part cache with its recent part written into the settled one at position `start`, and a chunk more room."""
     keys, values, recent_keys, recent_values = cache
     keys = _write_along(keys, recent_keys, start, axis=2)
     values = _write_along(values, recent_values, start, axis=3)
+    keys = ops.concatenate([keys, ops.zeros_like(recent_keys)], axis=2)
+    values = ops.concatenate([values, ops.zeros_like(recent_values)], axis=3)
     return keys, values, recent_keys, recent_values
 
 
