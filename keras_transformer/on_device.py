@@ -59,6 +59,10 @@ def text_operator_registerers():
     return [getattr(registrar, name) for name in dir(registrar) if name.startswith("Add")]
 
 
+# Whether `keep_freed_memory_for_reuse` has told this process's malloc already.
+_KEEPING_FREED_MEMORY = False
+
+
 def keep_freed_memory_for_reuse():
     """Have the C library keep the memory it is given back, for the next allocation (glibc only; once per process).
 
@@ -69,9 +73,12 @@ def keep_freed_memory_for_reuse():
     writes fault every page in again, zeroed: a quarter of greedy search's
     time at batch 32 (docs/on-device.md). Kept in the heap, the same pages
     serve every chunk; the process's peak memory grows by about a tenth.
-    It is set for the whole process.
+    It is set for the whole process and cannot be undone: a long-running
+    process keeps its peak memory (`LiteRTModel(..., keep_freed_memory=False)`
+    leaves malloc as it is).
     """
-    if not sys.platform.startswith("linux"):
+    global _KEEPING_FREED_MEMORY
+    if _KEEPING_FREED_MEMORY or not sys.platform.startswith("linux"):
         return
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the process's own C library
@@ -81,6 +88,7 @@ def keep_freed_memory_for_reuse():
     no_mmap_allocations, trim_threshold = -4, -1  # M_MMAP_MAX, M_TRIM_THRESHOLD in glibc's malloc.h
     mallopt(no_mmap_allocations, 0)
     mallopt(trim_threshold, 2**31 - 1)
+    _KEEPING_FREED_MEMORY = True
 
 
 def require_litert():
@@ -96,9 +104,12 @@ class LiteRTModel:
     Args:
         directory: the export's directory.
         num_threads: the interpreter's CPU threads (default: all cores).
+        keep_freed_memory: have glibc keep freed memory for reuse, for the
+            whole process (`keep_freed_memory_for_reuse`: faster searches,
+            a higher peak).
     """
 
-    def __init__(self, directory, num_threads=None):
+    def __init__(self, directory, num_threads=None, keep_freed_memory=True):
         require_litert()
         from ai_edge_litert.interpreter import InterpreterWithCustomOps
 
@@ -109,7 +120,8 @@ class LiteRTModel:
         with open(settings_path, encoding="utf-8") as file:
             self.settings = json.load(file)
         self.kind = self.settings["kind"]
-        keep_freed_memory_for_reuse()
+        if keep_freed_memory:
+            keep_freed_memory_for_reuse()
         with start_up_lines_dropped(_START_UP_NOISE):
             self.interpreter = InterpreterWithCustomOps(
                 model_path=model_path, custom_op_registerers=text_operator_registerers(),

@@ -179,6 +179,40 @@ def test_a_cache_settled_in_chunks_is_refused_where_it_cannot_run(model):
             graph_function(lambda x: transformer_search(model, x, decoding(beam_size=beam_size), chunk_steps=4))(ids)
 
 
+def _written_along_by_tensorflow(cached, new, index, axis):
+    """LiteRT's block write (`cached_attention._write_along`), as ops TensorFlow runs without XLA."""
+    size = tf.shape(cached)[axis]
+    before = tf.gather(cached, tf.range(index), axis=axis)
+    after = tf.gather(cached, tf.range(index + tf.shape(new)[axis], size), axis=axis)
+    return tf.concat([before, tf.cast(new, cached.dtype), after], axis=axis)
+
+
+@pytest.mark.parametrize("chunk_steps", [1, 3])
+def test_searches_in_chunks_translate_as_the_ordinary_searches(model, monkeypatch, chunk_steps):
+    """LiteRT's searches: chunks of steps on a two-part cache that grows, sentences leaving between chunks or steps.
+
+    Run by TensorFlow, with its own ops for LiteRT's one write. Chunks of 3
+    divide no length limit here: sentences end mid-chunk, and the last
+    chunk is cut short.
+    """
+    from keras_transformer.layers import cached_attention
+
+    monkeypatch.setattr(cached_attention, "traced_for_litert", lambda: True)
+    monkeypatch.setattr(cached_attention, "_write_along", _written_along_by_tensorflow)
+    ids = sources(3, batch=6)
+    for beam_size, keep_greedy in ((1, False), (3, True), (2, False)):
+        settings = decoding(beam_size=beam_size, keep_greedy=keep_greedy, max_extra_length=4)
+        ordinary = graph_function(lambda x: transformer_search(model, x, settings))(ids)
+        chunked = graph_function(lambda x: transformer_search(model, x, settings, chunk_steps=chunk_steps))(ids)
+        np.testing.assert_array_equal(chunked[0].numpy(), ordinary[0].numpy())
+        np.testing.assert_allclose(chunked[1].numpy(), ordinary[1].numpy(), atol=1e-5)
+    # A one-step limit: every sentence finishes at the first step, the batch empties in the first chunk.
+    settings = decoding(max_extra_length=0, max_output_length=1)
+    chunked = graph_function(lambda x: transformer_search(model, x, settings, chunk_steps=chunk_steps))(ids)
+    np.testing.assert_array_equal(chunked[0].numpy(), graph_function(
+        lambda x: transformer_search(model, x, settings))(ids)[0].numpy())
+
+
 def test_the_log_softmax_spelled_out_for_litert_equals_tensorflows():
     logits = tf.constant(np.random.default_rng(0).normal(scale=20.0, size=(3, 1000)), tf.float32)
     with tracing_for_litert():

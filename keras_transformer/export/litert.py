@@ -16,14 +16,14 @@ file's operator table and refuses anything else before OUT is written.
 
 What changes on the way from the SavedModel (`export.translator`):
 
-- the search runs with fixed shapes (`static_shapes`): the self-attention
-  cache has its whole room from the start and is written in place with
-  LiteRT's `DYNAMIC_UPDATE_SLICE`; finished sentences stay in the batch.
-  Greedy search keeps the cache in two parts, settled every `CHUNK_STEPS`
-  steps, so that LiteRT's loop copies only the last few positions from step
-  to step. The log-softmax is spelled out in operators XNNPACK runs. The
-  cache writes and the log-softmax are what tracing for LiteRT changes
-  (`litert_tracing`). The same translations.
+- the search runs in chunks of `CHUNK_STEPS` steps on a self-attention
+  cache in two parts, written with LiteRT's `DYNAMIC_UPDATE_SLICE` and
+  settled once a chunk, when it grows by a chunk: greedy search's loop
+  copies only the last few positions from step to step, and its shapes
+  change only between chunks, where it drops its finished sentences (beam
+  search drops them at every step). The log-softmax is spelled out in
+  operators XNNPACK runs. The cache writes and the log-softmax are what
+  tracing for LiteRT changes (`litert_tracing`). The same translations.
 - the text ops are the portable ones (`text.portable`): lowercasing from a
   table, the detokenizer's string join. Two things the SavedModel does to
   its input are left to the caller, since LiteRT has no kernel for them:

@@ -188,13 +188,14 @@ def _drop_finished(finished, sentences, answers, results, per_sentence, per_row,
     """Set the finished sentences' answers aside and drop them from the search.
 
     Args:
-        finished: `(sentences,)` bool, the sentences done this step.
-        sentences: the `Sentences` searched this step.
+        finished: `(sentences,)` bool, the sentences done (this step, or this chunk).
+        sentences: the `Sentences` searched.
         answers: `() -> (tokens, scores)`, every searched sentence's answer.
         results: the whole batch's `(tokens, scores)` so far.
         per_sentence: the search's state and the context, sentences on axis 0.
-        per_row: `[structure, ...]`: greedy search's cache (beam search
-            gathers its own), `rows_per_source` rows a sentence on axis 0.
+        per_row: `[structure, ...]`, `rows_per_source` rows a sentence on
+            axis 0: greedy search's cache (beam search gathers its own),
+            and between chunks its last tokens.
 
     Returns:
         `(results, (sentences, per_sentence), [structure, ...])`, all cut
@@ -229,10 +230,11 @@ def _drop_finished(finished, sentences, answers, results, per_sentence, per_row,
 
 # A cache that settles in chunks of steps (LiteRT's two-part cache, `inference.steps`): the search
 # runs `steps` steps in a loop of their own, then calls `settle(cache, start)` once, `start` being
-# the chunk's first output position, and drops the sentences that have finished. Within the chunk
-# every shape stays as it is, the step functions leave the settled part as they got it, and LiteRT's
-# loop hands it from step to step without copying it. Between chunks the cache may grow and the batch
-# shrink, where LiteRT re-plans the chunk's loop once rather than at every step.
+# the chunk's first output position. Within a chunk the step functions leave the settled part as
+# they got it. Greedy search drops its finished sentences between chunks, so that its shapes stay
+# as they are within one and LiteRT's loop hands the settled part from step to step without copying
+# it; LiteRT re-plans the loop once a chunk, as the cache grows and the batch shrinks, not at every
+# step. Beam search, which gathers its rows at every step anyway, drops its finished sentences there.
 Chunks = collections.namedtuple("Chunks", ["steps", "settle"])
 
 
@@ -261,7 +263,8 @@ def _search(strategy, step_fn, cache, max_lengths, context, drop_finished, first
         if drop_finished and (chunks is None or strategy.reorders_rows):
             # Beam search gathers its cache rows by `parents` below, which
             # drops the finished sentences' rows at no extra cost; greedy
-            # search keeps its rows in place, so they are dropped here.
+            # search keeps its rows in place, so they are dropped here
+            # (between chunks, where it decodes in chunks).
             own_rows = [] if strategy.reorders_rows else [cache]
             results, (sentences, (state, parents, tokens, context)), own_rows = _drop_finished(
                 strategy.finished(state), sentences, lambda: strategy.answers(state), results,
@@ -289,12 +292,11 @@ def _search(strategy, step_fn, cache, max_lengths, context, drop_finished, first
             step, sentences, cache, context, last, state, results = tf.while_loop(
                 lambda step, *carry: (step < start + chunks.steps) & not_done(step, *carry), one_step,
                 (step, *carry), shape_invariants=shapes)
-            cache = chunks.settle(cache, start)
-            if drop_finished and not strategy.reorders_rows:
+            if drop_finished and not strategy.reorders_rows:  # first: the settle then copies fewer rows
                 results, (sentences, (state, context)), (cache, last) = _drop_finished(
                     strategy.finished(state), sentences, lambda: strategy.answers(state), results, (state, context),
                     [cache, last], rows_per_source)
-            return step, sentences, cache, context, last, state, results
+            return step, sentences, chunks.settle(cache, start), context, last, state, results
 
     _, sentences, _, _, _, state, results = tf.while_loop(not_done, loop_body, initial, shape_invariants=shapes)
     # Without drop_finished every sentence is still here; with it, none is.

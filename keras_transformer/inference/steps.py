@@ -25,8 +25,8 @@ XLA needs fixed shapes: `transformer_search(..., static_shapes=True)` gives
 the cache all its room at once and keeps finished sentences in the batch.
 LiteRT, which copies a loop's state at every step and re-plans a loop whose
 shapes change, decodes in chunks of steps (`chunk_steps`) on a cache kept in
-two parts: most of it untouched for a chunk, settled once a chunk. Between
-chunks, and only there, the cache grows and finished sentences leave.
+two parts: most of it untouched for a chunk, settled once a chunk, when it
+grows by a chunk (and greedy search's finished sentences leave).
 
 `transformer_search` puts the pieces together: the per-sentence output
 limits, the step function, and greedy or beam search.

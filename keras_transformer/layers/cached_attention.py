@@ -127,10 +127,10 @@ def _write_in_place(cached, new, cache_index):
 def settle_recent(cache, start):
     """A two-part cache with its recent part written into the settled one at position `start`, and a chunk more room."""
     keys, values, recent_keys, recent_values = cache
-    keys = _write_along(keys, recent_keys, start, axis=2)
-    values = _write_along(values, recent_values, start, axis=3)
-    keys = ops.concatenate([keys, ops.zeros_like(recent_keys)], axis=2)
-    values = ops.concatenate([values, ops.zeros_like(recent_values)], axis=3)
+    # Grown first: the write then goes into a tensor nothing else reads, in place.
+    keys = _write_along(ops.concatenate([keys, ops.zeros_like(recent_keys)], axis=2), recent_keys, start, axis=2)
+    values = _write_along(ops.concatenate([values, ops.zeros_like(recent_values)], axis=3), recent_values, start,
+                          axis=3)
     return keys, values, recent_keys, recent_values
 
 

@@ -15,7 +15,7 @@ shape each, from the model to the search and back:
 
     cache:  [(keys, values), ...]     one pair a layer, each (rows, heads, max_length, head_dim):
                                       the self-attention keys and values so far (`Decoder.build_cache`;
-                                      LiteRT's greedy search keeps each in two parts, `inference.steps`)
+                                      LiteRT's searches keep each in two parts, `inference.steps`)
     source: {"keys_values": [(keys, values), ...],   one pair a layer, (sentences, heads, source_length, head_dim)
              "mask": (sentences, source_length),     what every step reads of the source (`Decoder.source_cache`)
              "rows_per_source": k}                   optional: the cache's rows per sentence (below)
