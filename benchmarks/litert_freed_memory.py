@@ -7,7 +7,8 @@ searches run a loop per chunk of steps; glibc hands large blocks back to the
 system, and the next chunk faults them in again (`on_device.keep_freed_memory_for_reuse`).
 The setting is for the whole process, so each one runs in a process of its
 own, one after the other: a warm-up batch, then 2 rounds over the first
-`--sentences` Multi30k validation sentences. Prints one JSON line per
+`--sentences` Multi30k validation sentences, with the export's own search
+(greedy or beam: a file each). Prints one JSON line per
 setting: sentences/s (the faster round), the minor page faults of that
 round, and the process's peak RSS.
 """
@@ -38,7 +39,8 @@ for _ in range(2):
     start = time.perf_counter()
     for i in range(0, len(texts), batch_size):
         model.translate(texts[i:i + batch_size])
-    rounds.append((len(texts) / (time.perf_counter() - start), resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults))
+    seconds = time.perf_counter() - start
+    rounds.append((len(texts) / seconds, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults))
 rate, faults = max(rounds)
 peak = next(int(line.split()[1]) // 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 print(json.dumps({"keep_freed_memory": keep == "1", "sentences_per_s": round(rate, 2), "minor_page_faults": faults,
@@ -57,7 +59,7 @@ def main():
     with open(source, encoding="utf-8") as file:
         texts = [line.rstrip("\n") for line in file][: args.sentences]
     if not os.path.isfile(os.path.join(args.export_dir, "model.tflite")):
-        sys.exit(f"{args.export_dir} is not a LiteRT export (export RUN_DIR OUT --format litert)")
+        sys.exit(f"{args.export_dir} is not a LiteRT export (keras-transformer export RUN_DIR OUT --format litert)")
     with tempfile.NamedTemporaryFile("w", encoding="utf-8", suffix=".txt", delete=False) as file:
         file.write("\n".join(texts))
         sentences_file = file.name
@@ -65,9 +67,11 @@ def main():
         for keep in ("0", "1"):
             finished = subprocess.run([sys.executable, "-c", _RUN, args.export_dir, keep, str(args.threads),
                                        str(args.batch_size), sentences_file], capture_output=True, text=True)
-            if finished.returncode != 0:
-                sys.exit(f"the run with keep_freed_memory={keep == '1'} failed: {finished.stderr.strip().splitlines()[-1]}")
-            print(json.dumps({"export": args.export_dir, **json.loads(finished.stdout.strip().splitlines()[-1])}))
+            lines = finished.stdout.strip().splitlines()
+            if finished.returncode != 0 or not lines:
+                why = (finished.stderr.strip().splitlines() or [f"exit status {finished.returncode}"])[-1]
+                sys.exit(f"the run with keep_freed_memory={keep == '1'} failed: {why}")
+            print(json.dumps({"export": args.export_dir, **json.loads(lines[-1])}))
     finally:
         os.remove(sentences_file)
 

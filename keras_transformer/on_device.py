@@ -71,8 +71,8 @@ def keep_freed_memory_for_reuse():
     back and takes again tens of megabytes at every chunk. By default glibc
     hands large blocks back to the system, and the next chunk's first
     writes fault every page in again, zeroed: a quarter of beam search's
-    time at batch 32 (docs/on-device.md). Kept in the heap, the same pages
-    serve every chunk; the process's peak memory grows, by a fifth there.
+    time at batch 32 at OPUS-MT-base's size (docs/on-device.md). Kept in the
+    heap, the same pages serve every chunk; the peak memory grew by a fifth there.
     It is set for the whole process and cannot be undone: a long-running
     process keeps its peak memory (`LiteRTModel(..., keep_freed_memory=False)`
     leaves malloc as it is).
