@@ -406,3 +406,37 @@ def test_a_tokenizer_litert_cannot_run_is_refused_in_one_line(tmp_path):
     with pytest.raises(ValueError, match="export a SavedModel or a CTranslate2 model instead") as refused:
         litert.LiteRTTokenizer(tokenizer, 64)
     assert "\n" not in str(refused.value)
+
+
+# A block larger than glibc's largest mmap threshold, freed and allocated again: without
+# `keep_freed_memory_for_reuse` every allocation of it faults its pages in anew.
+_FAULTS_OF_A_SECOND_BLOCK = r"""
+import ctypes, resource, sys
+from keras_transformer.on_device import keep_freed_memory_for_reuse
+if sys.argv[1] == "keep":
+    keep_freed_memory_for_reuse()
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+size = 64 << 20
+def written_and_freed():
+    block = libc.malloc(size)
+    ctypes.memset(block, 1, size)
+    libc.free(ctypes.c_void_p(block))
+written_and_freed()
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+written_and_freed()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_freed_memory_is_kept_for_the_next_allocation():
+    """What `LiteRTModel` asks of glibc: a search's next chunk reuses the pages of the last, without faulting them in."""
+    def faults(setting):
+        done = subprocess.run([sys.executable, "-c", _FAULTS_OF_A_SECOND_BLOCK, setting], capture_output=True, text=True,
+                              env=ENV, check=True)
+        return int(done.stdout.split()[-1])
+
+    pages = (64 << 20) // 4096
+    assert faults("default") > pages // 2  # glibc hands the block back and maps it again
+    assert faults("keep") < pages // 20

@@ -173,10 +173,12 @@ def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache
         context = {"memory": memory, "mask": source_mask}
         return recomputing_step, tf.zeros([tf.shape(source_ids)[0] * rows_per_source, max_length], tf.int32), context
 
-    room = tf.minimum(INITIAL_CACHE_ROOM, max_length) if growing_cache else max_length
+    # A cache in chunks grows as it settles (the search's `Chunks`), not at a step.
+    doubles_when_full = growing_cache and not chunk_steps
     if chunk_steps:
-        growing_cache = False  # the settled part grows as it settles
         room = chunk_steps
+    else:
+        room = tf.minimum(INITIAL_CACHE_ROOM, max_length) if growing_cache else max_length
     cache, source = model.build_cache(memory, room, source_mask)
     if chunk_steps:
         cache = two_part_cache(cache, chunk_steps)
@@ -186,7 +188,7 @@ def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache
     output_kernel = model.tied_output_kernel() if model.tie_output else None
 
     def cached_step(tokens, cache, index, source):
-        if growing_cache:
+        if doubles_when_full:
             cache = [grow_cache(own, index, max_length) for own in cache]
         # The beams' count, known now, goes with the source (not through the loop: `layers.decoder`).
         source = {**source, "rows_per_source": rows_per_source}
