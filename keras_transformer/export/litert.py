@@ -470,7 +470,43 @@ def convert(service, quantization=None):
             converter.target_spec.supported_types = [tf.float16]
         model = converter.convert()
     check_operators(model)
+    model = top_k_sized_when_prepared(model)
     return one_copy_of_each_table(model) if quantization == "int8" else model
+
+
+def top_k_sized_when_prepared(model):
+    """The file (bytes) with the unknown sizes taken out of every `TOPK_V2` input's shape signature.
+
+    The converter marks the batch axis unknown (-1) in the shape signature
+    of every tensor it flows through. LiteRT's `TOPK_V2` reads that mark as
+    "this input's size may change at any run" and sizes its outputs at every
+    run, not once when its graph is prepared; and a loop (`WHILE`) whose
+    body holds one tensor sized at run time copies its whole state in and
+    out at every step, where otherwise it copies only what the step
+    changed. Beam search keeps its batch within a chunk of steps
+    (`inference.search.Chunks`): its top-k's sizes are known whenever its
+    loop is prepared, and LiteRT prepares a loop's body again whenever the
+    shapes it starts with change, so the outputs are always sized from the
+    input's actual shape. Nothing else reads the signature of a tensor
+    inside the graph.
+    """
+    import flatbuffers
+    from ai_edge_litert import schema_py_generated as schema
+
+    flatbuffer = schema.ModelT.InitFromObj(schema.Model.GetRootAs(model, 0))
+    if any(buffer.offset > 1 for buffer in flatbuffer.buffers):
+        return model  # weights outside the flatbuffer (over 2 GB): left as it is
+    top_k = {index for index, code in enumerate(flatbuffer.operatorCodes)
+             if max(code.builtinCode, code.deprecatedBuiltinCode) == schema.BuiltinOperator.TOPK_V2}
+    inputs = [subgraph.tensors[operator.inputs[0]] for subgraph in flatbuffer.subgraphs
+              for operator in subgraph.operators if operator.opcodeIndex in top_k]
+    if not any(tensor.shapeSignature is not None and -1 in list(tensor.shapeSignature) for tensor in inputs):
+        return model
+    for tensor in inputs:
+        tensor.shapeSignature = None  # the shape it has, whatever it is when prepared
+    builder = flatbuffers.Builder(1024)
+    builder.Finish(flatbuffer.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())
 
 
 def one_copy_of_each_table(model):

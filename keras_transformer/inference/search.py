@@ -104,7 +104,9 @@ def _apply_rules(log_probs, rules, step, row_limits, first_ids):
     # constants once the graph is optimised.
     ids = tf.range(log_probs.shape[-1] or tf.shape(log_probs)[-1])
     forbidden = tf.reduce_any(ids[:, None] == tf.constant(list(rules.never), tf.int32)[None, :], axis=1)
-    log_probs = tf.where(forbidden, tf.cast(NEG_INF, log_probs.dtype), log_probs)
+    # Added, not selected: an addition of a constant row runs on every core and the CPU's widest
+    # vectors in LiteRT (XNNPACK), its selection does not. A forbidden id scores about -1e9 either way.
+    log_probs = log_probs + tf.where(forbidden, tf.cast(NEG_INF, log_probs.dtype), tf.cast(0.0, log_probs.dtype))
     if rules.renormalize:
         log_probs = log_softmax(log_probs)
 
@@ -147,6 +149,27 @@ def log_softmax(logits):
     largest = tf.reduce_max(logits, axis=-1, keepdims=True)
     log_total = largest + tf.math.log(tf.reduce_sum(tf.exp(logits - largest), axis=-1, keepdims=True))
     return logits - log_total
+
+
+def count_true(values, axis):
+    """`(values).sum(axis)` of a boolean tensor, int32, as a float32 sum.
+
+    A float sum, not an integer one: LiteRT hands float sums to XNNPACK,
+    while its own integer and boolean reductions size a scratch tensor at
+    every run, and a loop holding one such tensor copies its whole state
+    from step to step (`WHILE`'s dynamic path). Exact for counts below 2**24.
+    """
+    return tf.cast(tf.reduce_sum(tf.cast(values, tf.float32), axis=axis), tf.int32)
+
+
+def any_true(values, axis):
+    """`tf.reduce_any(values, axis)`, counted (`count_true`)."""
+    return count_true(values, axis) > 0
+
+
+def all_true(values, axis):
+    """`tf.reduce_all(values, axis)`, counted (`count_true`)."""
+    return ~any_true(~values, axis)
 
 
 def write_column(buffer, column, values):
@@ -231,10 +254,10 @@ def _drop_finished(finished, sentences, answers, results, per_sentence, per_row,
 # A cache that settles in chunks of steps (LiteRT's two-part cache, `inference.steps`): the search
 # runs `steps` steps in a loop of their own, then calls `settle(cache, start)` once, `start` being
 # the chunk's first output position. Within a chunk the step functions leave the settled part as
-# they got it. Greedy search drops its finished sentences between chunks, so that its shapes stay
-# as they are within one and LiteRT's loop hands the settled part from step to step without copying
-# it; LiteRT re-plans the loop once a chunk, as the cache grows and the batch shrinks, not at every
-# step. Beam search, which gathers its rows at every step anyway, drops its finished sentences there.
+# they got it. The searches drop their finished sentences between chunks, so that every shape stays
+# as it is within one: LiteRT then plans the chunk's loop once (re-planning it once a chunk, as the
+# cache grows and the batch shrinks, not at every step), and hands a value the step leaves alone
+# from step to step without copying it.
 Chunks = collections.namedtuple("Chunks", ["steps", "settle"])
 
 
@@ -255,16 +278,17 @@ def _search(strategy, step_fn, cache, max_lengths, context, drop_finished, first
 
     def one_step(step, sentences, cache, context, last, state, results):
         row_limits, row_first_ids = sentences.max_lengths, sentences.first_ids
-        if rows_per_source > 1:
-            row_limits, row_first_ids = (tf.repeat(value, rows_per_source) for value in (row_limits, row_first_ids))
+        if rows_per_source > 1:  # each sentence's, for each of its rows (tf.repeat, as a reshape to known sizes)
+            row_limits, row_first_ids = (tf.reshape(tf.tile(value[:, None], [1, rows_per_source]), [-1])
+                                         for value in (row_limits, row_first_ids))
         log_probs, cache = _log_probs(step_fn, last, cache, step, context, rules, row_limits,
                                       row_first_ids if first_per_sentence else rules.forced_first)
         tokens, parents, state = strategy.advance(state, log_probs, step, sentences.max_lengths)
-        if drop_finished and (chunks is None or strategy.reorders_rows):
+        if drop_finished and chunks is None:
             # Beam search gathers its cache rows by `parents` below, which
             # drops the finished sentences' rows at no extra cost; greedy
-            # search keeps its rows in place, so they are dropped here
-            # (between chunks, where it decodes in chunks).
+            # search keeps its rows in place, so they are dropped here.
+            # In chunks both drop them between chunks.
             own_rows = [] if strategy.reorders_rows else [cache]
             results, (sentences, (state, parents, tokens, context)), own_rows = _drop_finished(
                 strategy.finished(state), sentences, lambda: strategy.answers(state), results,
@@ -292,7 +316,7 @@ def _search(strategy, step_fn, cache, max_lengths, context, drop_finished, first
             step, sentences, cache, context, last, state, results = tf.while_loop(
                 lambda step, *carry: (step < start + chunks.steps) & not_done(step, *carry), one_step,
                 (step, *carry), shape_invariants=shapes)
-            if drop_finished and not strategy.reorders_rows:  # first: the settle then copies fewer rows
+            if drop_finished:  # first: the settle then copies fewer rows
                 results, (sentences, (state, context)), (cache, last) = _drop_finished(
                     strategy.finished(state), sentences, lambda: strategy.answers(state), results, (state, context),
                     [cache, last], rows_per_source)
@@ -386,10 +410,9 @@ def greedy_search(step_fn, cache, max_lengths, settings, context=(), drop_finish
             with (a request's target language), in place of the rules'
             `forced_first`; default: `forced_first` for all.
         chunks: `Chunks(steps, settle)` for a cache that settles every
-            `steps` steps (LiteRT's), where with `drop_finished` greedy
-            search drops its finished sentences (beam search drops them at
-            every step, in the gather that reorders its rows); default: a
-            cache the step function keeps as it goes.
+            `steps` steps (LiteRT's), where with `drop_finished` the search
+            drops its finished sentences; default: a cache the step
+            function keeps as it goes.
 
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`, `steps =
@@ -448,7 +471,7 @@ class BeamSearch:
 
     @staticmethod
     def finished(state):
-        return tf.reduce_all(state.done, axis=1)
+        return all_true(state.done, axis=1)
 
     def answers(self, state):
         """Each sentence's answer so far: its best final hypothesis, or its greedy path where that scores higher."""
@@ -462,7 +485,9 @@ class BeamSearch:
         """
         searching = tf.shape(max_lengths)[0]
         vocab_size = log_probs.shape[-1] or tf.shape(log_probs)[-1]
-        log_probs = tf.reshape(log_probs, [searching, self.rows_per_source, vocab_size])
+        # Reshaped with -1 for the sentences (here and below): LiteRT then knows every size when it
+        # prepares the loop, not only when it runs a step (which would make it copy the loop's state).
+        log_probs = tf.reshape(log_probs, [-1, self.rows_per_source, vocab_size])
         state, beam_done, parents, next_tokens = self._extend_beams(state, log_probs, position, max_lengths)
         sentence_offsets = tf.range(searching)[:, None] * self.rows_per_source
         parents = sentence_offsets + parents
@@ -486,10 +511,10 @@ class BeamSearch:
         Returns `(state, beams done (sentences,), parents, next tokens)`,
         parents the beam each next token extends, `(sentences, beam_size)`.
         """
-        beam_size, searching = self.beam_size, tf.shape(max_lengths)[0]
+        beam_size = self.beam_size
         candidates_kept = 2 * beam_size  # enough that beam_size of them did not end
         vocab_size = log_probs.shape[-1] or tf.shape(log_probs)[-1]
-        extensions = tf.reshape(state.live_log_probs[:, :, None] + log_probs[:, :beam_size], [searching, -1])
+        extensions = tf.reshape(state.live_log_probs[:, :, None] + log_probs[:, :beam_size], [-1, beam_size * vocab_size])
         top_log_probs, top = tf.math.top_k(extensions, k=candidates_kept)
         beam_index, tokens = top // vocab_size, top % vocab_size
         top_sequences = write_column(tf.gather(state.live, beam_index, batch_dims=1), position, tokens)
@@ -500,7 +525,7 @@ class BeamSearch:
         within_beam = tf.range(candidates_kept)[None, :] < beam_size
         new_final = ends & within_beam & ~beam_done[:, None] & (top_log_probs > NEG_INF / 2)
         new_scores = tf.where(new_final, top_log_probs / self.penalty(position + 1), NEG_INF)
-        final_count = state.final_count + tf.reduce_sum(tf.cast(new_final, tf.int32), axis=1)
+        final_count = state.final_count + count_true(new_final, axis=1)
         final_scores, best = tf.math.top_k(tf.concat([state.final_scores, new_scores], axis=1), k=beam_size)
         final = tf.gather(tf.concat([state.final, top_sequences], axis=1), best, batch_dims=1)
 
@@ -572,14 +597,14 @@ def _cannot_be_beaten(best_final, final_count, live_log_probs, step, max_lengths
     running on would, in fewer steps. The margin keeps rounding on the
     safe side.
     """
-    next_length = tf.fill(tf.shape(max_lengths), step + 2)  # the live ones hold step + 1 tokens
+    next_length = step + 2  # the live ones hold step + 1 tokens
     bound = tf.maximum(
-        live_log_probs / penalty(next_length)[:, None],
+        live_log_probs / penalty(next_length),
         live_log_probs / penalty(max_lengths)[:, None],
     )
     margin = 1e-5 * tf.abs(best_final)[:, None] + 1e-6
     can_win = (live_log_probs > NEG_INF / 2) & (bound + margin >= best_final[:, None])
-    return (final_count > 0) & ~tf.reduce_any(can_win, axis=1)
+    return (final_count > 0) & ~any_true(can_win, axis=1)
 
 
 def higher_scoring(first, second):

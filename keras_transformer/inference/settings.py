@@ -68,7 +68,7 @@ def stop_when_best_live_is_behind(final_scores, final_count, live_log_probs, ste
     returns what Hugging Face returns, which `stop_when_beam_full` with the
     search's bound sometimes improves on.
     """
-    best_live = live_log_probs[:, 0] / penalty(tf.fill(tf.shape(final_count), step + 1))
+    best_live = live_log_probs[:, 0] / penalty(step + 1)
     return stop_when_beam_full(final_scores, final_count, live_log_probs, step, penalty) & (
         best_live <= final_scores[:, -1])
 

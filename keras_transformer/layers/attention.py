@@ -107,9 +107,11 @@ def scaled_dot_product_attention(
     weights = ops.softmax(logits, axis=-1)
     if mask is not None:
         # A row with every key masked has a uniform softmax over -1e9s; zero
-        # it so such a query (a padded one) mixes in nothing at all.
-        has_keys = ops.any(mask, axis=-1, keepdims=True)
-        weights = weights * ops.cast(has_keys, weights.dtype)
+        # it so such a query (a padded one) mixes in nothing at all. (A float
+        # maximum, not `any`: LiteRT's boolean reductions size a scratch tensor
+        # at every run, which would make a decoding loop copy its whole state.)
+        has_keys = ops.max(ops.cast(mask, weights.dtype), axis=-1, keepdims=True)
+        weights = weights * has_keys
     if weight_scale is not None:
         weights = weights * ops.cast(weight_scale, weights.dtype)
     weights = ops.cast(weights, values.dtype)

@@ -239,13 +239,14 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
             check_positive_int(rows_per_source=rows_per_source)
         if rows_per_source == 1:  # one row a sentence (greedy): nothing to regroup
             return self.cross_attention_block.decode_step(queries, source_cache, context_mask=source_mask)[0]
-        rows, length, width = (ops.shape(queries)[axis] for axis in range(3))
+        length, width = ops.shape(queries)[1], ops.shape(queries)[2]
         if rows_per_source is None:  # known only when the graph runs: as many groups as the source has rows
             per_sentence = ops.reshape(queries, (ops.shape(source_cache[0])[0], -1, width))
         else:
             per_sentence = ops.reshape(queries, (-1, rows_per_source * length, width))
         outputs, _ = self.cross_attention_block.decode_step(per_sentence, source_cache, context_mask=source_mask)
-        return ops.reshape(outputs, (rows, length, width))
+        # -1, not the rows' count: LiteRT sizes a reshape to sizes it knows when it prepares the graph.
+        return ops.reshape(outputs, (-1, length, width))
 
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
         return inputs_shape
