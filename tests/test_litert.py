@@ -129,6 +129,24 @@ def test_the_files_hold_builtin_operators_and_tensorflow_texts_only(litert_expor
         assert json.loads((exports / name / litert.SETTINGS_FILE).read_text())["operators"] == names
 
 
+def test_beam_searchs_top_k_is_sized_when_the_loop_is_prepared(litert_exports):
+    """A top-k input with an unknown size in its signature is sized at every step, and LiteRT's loop then copies
+    its whole state from step to step (`export.litert.top_k_sized_when_prepared`)."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    _, exports = litert_exports
+    model = schema.Model.GetRootAs((exports / "beam" / litert.MODEL_FILE).read_bytes(), 0)
+    top_k_inputs = []
+    for subgraph in (model.Subgraphs(index) for index in range(model.SubgraphsLength())):
+        for operator in (subgraph.Operators(index) for index in range(subgraph.OperatorsLength())):
+            code = model.OperatorCodes(operator.OpcodeIndex())
+            if max(code.BuiltinCode(), code.DeprecatedBuiltinCode()) == schema.BuiltinOperator.TOPK_V2:
+                top_k_inputs.append(subgraph.Tensors(operator.Inputs(0)))
+    assert top_k_inputs
+    assert all(-1 not in tensor.ShapeSignatureAsNumpy().tolist() for tensor in top_k_inputs
+               if not tensor.ShapeSignatureIsNone())
+
+
 def test_a_file_that_would_need_tensorflow_ops_is_refused_and_nothing_is_written(tmp_path):
     class NeedsFlex(litert.LiteRTService):
         def __init__(self):

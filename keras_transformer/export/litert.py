@@ -18,12 +18,14 @@ What changes on the way from the SavedModel (`export.translator`):
 
 - the search runs in chunks of `CHUNK_STEPS` steps on a self-attention
   cache in two parts, written with LiteRT's `DYNAMIC_UPDATE_SLICE` and
-  settled once a chunk, when it grows by a chunk: greedy search's loop
-  copies only the last few positions from step to step, and its shapes
-  change only between chunks, where it drops its finished sentences (beam
-  search drops them at every step). The log-softmax is spelled out in
-  operators XNNPACK runs. The cache writes and the log-softmax are what
-  tracing for LiteRT changes (`litert_tracing`). The same translations.
+  settled once a chunk, when it grows by a chunk: the searches' shapes
+  change only between chunks, where they drop their finished sentences,
+  so that LiteRT prepares a chunk's loop once and hands on, uncopied, what
+  a step leaves alone (greedy search's settled cache). Beam search's top-k
+  is sized when the loop is prepared (`top_k_sized_when_prepared`). The
+  log-softmax is spelled out in operators XNNPACK runs. The cache writes
+  and the log-softmax are what tracing for LiteRT changes
+  (`litert_tracing`). The same translations.
 - the text ops are the portable ones (`text.portable`): lowercasing from a
   table, the detokenizer's string join. Two things the SavedModel does to
   its input are left to the caller, since LiteRT has no kernel for them:
@@ -72,8 +74,7 @@ TEXT_OPERATORS = frozenset({
 # The searches settle their self-attention cache once every this many steps (`inference.steps`):
 # between settles LiteRT's loop copies only the chunk's positions from step to step (greedy search;
 # beam search reorders its rows, which copies both parts), and a settle rewrites the settled part
-# once and grows it by a chunk. Greedy search drops its finished sentences there too; beam search
-# drops them at every step, in the gather that reorders its rows anyway.
+# once and grows it by a chunk. The searches drop their finished sentences there too.
 CHUNK_STEPS = 8
 # Lowercasing reads at most this many bytes of a text per position of the model's input (the
 # tokenizer cuts at `max_length` tokens anyway). Only a text whose first `max_length` tokens average

@@ -254,11 +254,13 @@ def _drop_finished(finished, sentences, answers, results, per_sentence, per_row,
 # A cache that settles in chunks of steps (LiteRT's two-part cache, `inference.steps`): the search
 # runs `steps` steps in a loop of their own, then calls `settle(cache, start)` once, `start` being
 # the chunk's first output position. Within a chunk the step functions leave the settled part as
-# they got it. The searches drop their finished sentences between chunks, so that every shape stays
-# as it is within one: LiteRT then plans the chunk's loop once (re-planning it once a chunk, as the
-# cache grows and the batch shrinks, not at every step), and hands a value the step leaves alone
-# from step to step without copying it.
-Chunks = collections.namedtuple("Chunks", ["steps", "settle"])
+# they got it, and beam search reorders the cache's rows with `reorder(cache, parents)`, which
+# leaves it too (each row remembers which settled row it continues; the settle puts them in order).
+# The searches drop their finished sentences between chunks, so that every shape stays as it is
+# within one: LiteRT then plans the chunk's loop once (re-planning it once a chunk,
+# as the cache grows and the batch shrinks, not at every step), and hands a value the step leaves
+# alone from step to step without copying it.
+Chunks = collections.namedtuple("Chunks", ["steps", "settle", "reorder"])
 
 
 def _search(strategy, step_fn, cache, max_lengths, context, drop_finished, first_ids, chunks):
@@ -295,7 +297,7 @@ def _search(strategy, step_fn, cache, max_lengths, context, drop_finished, first
                 (state, parents, tokens, context), own_rows, rows_per_source)
             cache = own_rows[0] if own_rows else cache
         if strategy.reorders_rows:
-            cache = _take(cache, tf.reshape(parents, [-1]))
+            cache = (chunks.reorder if chunks else _take)(cache, tf.reshape(parents, [-1]))
         return step + 1, sentences, cache, context, tf.reshape(tokens, [-1]), state, results
 
     initial = (
@@ -409,7 +411,7 @@ def greedy_search(step_fn, cache, max_lengths, settings, context=(), drop_finish
         first_ids: `(batch,)` int32, the token each sentence's output starts
             with (a request's target language), in place of the rules'
             `forced_first`; default: `forced_first` for all.
-        chunks: `Chunks(steps, settle)` for a cache that settles every
+        chunks: `Chunks(steps, settle, reorder)` for a cache that settles every
             `steps` steps (LiteRT's), where with `drop_finished` the search
             drops its finished sentences; default: a cache the step
             function keeps as it goes.
@@ -514,7 +516,8 @@ class BeamSearch:
         beam_size = self.beam_size
         candidates_kept = 2 * beam_size  # enough that beam_size of them did not end
         vocab_size = log_probs.shape[-1] or tf.shape(log_probs)[-1]
-        extensions = tf.reshape(state.live_log_probs[:, :, None] + log_probs[:, :beam_size], [-1, beam_size * vocab_size])
+        extensions = tf.reshape(state.live_log_probs[:, :, None] + log_probs[:, :beam_size],
+                                [-1, beam_size * vocab_size])
         top_log_probs, top = tf.math.top_k(extensions, k=candidates_kept)
         beam_index, tokens = top // vocab_size, top % vocab_size
         top_sequences = write_column(tf.gather(state.live, beam_index, batch_dims=1), position, tokens)

@@ -107,6 +107,25 @@ def settle_chunk(cache, start):
     return [settle_recent(layer, start) for layer in cache]
 
 
+def reorder_chunk(cache, parents):
+    """Beam search's reorder of two-part caches within a chunk: row `i` continues row `parents[i]`.
+
+    The recent part's rows are gathered; the settled part stays as it is, so
+    that LiteRT's loop hands it from step to step without copying it, and
+    each row's settled offset (the last part of a layer's cache,
+    `layers.cached_attention.settle_recent`) says where the settled row it
+    continues lies now. Attention reads the settled part through them, and
+    the settle puts its rows in order.
+    """
+    rows = tf.range(tf.shape(parents)[0])
+
+    def reordered(keys, values, recent_keys, recent_values, settled_offsets):
+        settled_offsets = parents + tf.gather(settled_offsets, parents) - rows  # the parent's settled row, from here
+        return keys, values, tf.gather(recent_keys, parents), tf.gather(recent_values, parents), settled_offsets
+
+    return [reordered(*layer) for layer in cache]
+
+
 def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache=True, growing_cache=True,
                      chunk_steps=None):
     """Encode `source_ids` once; return the searches' step function, its initial cache and its context.
@@ -129,9 +148,11 @@ def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache
         chunk_steps: keep each layer's self-attention cache in two parts, the
             positions of earlier chunks of `chunk_steps` steps and the
             current chunk's (`two_part_cache`), for a search that settles it
-            after every chunk (`search.Chunks(chunk_steps, settle_chunk)`),
-            growing it by a chunk: in LiteRT, a loop that copies only the
-            recent part from step to step. In a graph traced for LiteRT;
+            after every chunk (`search.Chunks(chunk_steps, settle_chunk,
+            reorder_chunk)`), growing it by a chunk: in LiteRT, a loop that
+            copies only the recent part from step to step. With more than one
+            row a sentence (beam search) each layer's cache also says where
+            the settled row each row continues lies (`reorder_chunk`). In a graph traced for LiteRT;
             `growing_cache` does not apply.
 
     Returns:
@@ -183,6 +204,9 @@ def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache
     if chunk_steps:
         cache = two_part_cache(cache, chunk_steps)
     cache = [tuple(repeat(cached) for cached in layer) for layer in cache]
+    if chunk_steps and rows_per_source > 1:  # beam search: each row continues its own settled row, at first
+        offsets = tf.zeros([tf.shape(source_ids)[0] * rows_per_source], tf.int32)
+        cache = [layer + (offsets,) for layer in cache]
 
     # Tied embeddings: the output projection's kernel, transposed once here, not at every step.
     output_kernel = model.tied_output_kernel() if model.tie_output else None
@@ -286,7 +310,8 @@ def transformer_search(model, source_ids, settings, use_cache=True, static_shape
                                                growing_cache=not static_shapes, chunk_steps=chunk_steps)
     search = greedy_search if greedy else beam_search
     return search(step_fn, cache, max_lengths, settings, context=context, drop_finished=not static_shapes,
-                  first_ids=first_ids, chunks=Chunks(chunk_steps, settle_chunk) if chunk_steps else None)
+                  first_ids=first_ids,
+                  chunks=Chunks(chunk_steps, settle_chunk, reorder_chunk) if chunk_steps else None)
 
 
 def score_sequences(model, source_ids, target_ids, start_id, length_penalty=LengthPenalty()):

@@ -117,21 +117,36 @@ def _write_in_place(cached, new, cache_index):
 # have been written, not over the longest output allowed: its last chunk of
 # room is where the recent part will settle, masked until then.
 #
-#     (keys, values, recent_keys, recent_values)
+#     (keys, values, recent_keys, recent_values[, settled_offsets])
 #     keys (rows, heads, room, head_dim)      values (rows, heads, head_dim, room)
 #
 # The values keep their positions last, where the attention's weighted sum
-# runs. Only a graph traced for LiteRT (`litert_tracing`) uses it.
+# runs. Beam search reorders its rows at every step: within a chunk it
+# reorders the recent part, not the settled one, and `settled_offsets`
+# (rows,) says where the settled row each row continues lies, relative to
+# the row (`inference.steps.reorder_chunk`): attention reads the settled
+# part through them, and the settle puts its rows in order. Relative, since
+# a row's settled row is one of its sentence's, and the sentences that
+# finish leave the batch whole: every other row keeps its offset. Only a
+# graph traced for LiteRT (`litert_tracing`) uses it.
 
 
 def settle_recent(cache, start):
     """A two-part cache with its recent part written into the settled one at position `start`, and a chunk more room."""
-    keys, values, recent_keys, recent_values = cache
+    keys, values, recent_keys, recent_values, *settled_offsets = cache
+    if settled_offsets:  # each row's settled row, in the row's place; from now on each row continues its own
+        keys, values = (_settled_rows(part, settled_offsets[0]) for part in (keys, values))
+        settled_offsets = [ops.zeros_like(settled_offsets[0])]
     # Grown first: the write then goes into a tensor nothing else reads, in place.
     keys = _write_along(ops.concatenate([keys, ops.zeros_like(recent_keys)], axis=2), recent_keys, start, axis=2)
     values = _write_along(ops.concatenate([values, ops.zeros_like(recent_values)], axis=3), recent_values, start,
                           axis=3)
-    return keys, values, recent_keys, recent_values
+    return (keys, values, recent_keys, recent_values, *settled_offsets)
+
+
+def _settled_rows(settled, offsets):
+    """The settled row each row continues: row `i + offsets[i]` in the row's place."""
+    return ops.take(settled, ops.arange(ops.shape(offsets)[0], dtype=offsets.dtype) + offsets, axis=0)
 
 
 def _write_along(cached, new, index, axis):
@@ -211,7 +226,7 @@ class CachedMultiHeadAttention(MultiHeadAttention):
                 raise ValueError(
                     "predictive local attention is for a fixed context (cross-attention), not a decoding cache"
                 )
-            if len(cache) == 4:
+            if len(cache) in (4, 5):  # a cache in two parts (`settle_recent`)
                 return self._step_on_settled_and_recent(queries, query, cache, cache_index)
             cache = write_cache(cache, self._project_new_keys_values(query), cache_index)
             keys, values = cache
@@ -238,13 +253,17 @@ class CachedMultiHeadAttention(MultiHeadAttention):
             raise ValueError("a cache in two parts is for a graph traced for LiteRT (litert_tracing)")
         if ops.shape(query)[1] != 1 or self.sliding_window is not None:
             raise ValueError("a cache in two parts decodes one position at a time, without a sliding window")
-        keys, values, recent_keys, recent_values = cache
+        keys, values, recent_keys, recent_values, *settled_offsets = cache
         chunk = ops.shape(recent_keys)[2]
         position = cache_index % chunk
         new_keys, new_values = self._project_new_keys_values(query)
         recent_keys = _write_along(recent_keys, new_keys, position, axis=2)
         recent_values = _write_along(recent_values, ops.swapaxes(new_values, 2, 3), position, axis=3)
-        parts = ((keys, values, ops.arange(ops.shape(keys)[2]) < cache_index - position),
+        # Beam search's rows read the settled rows they continue (`settle_recent`).
+        settled = [keys, values]
+        if settled_offsets:
+            settled = [_settled_rows(part, settled_offsets[0]) for part in settled]
+        parts = ((*settled, ops.arange(ops.shape(keys)[2]) < cache_index - position),
                  (recent_keys, recent_values, ops.arange(chunk) <= position))
         # Products of one query as multiply-and-sum: as a matrix product, XNNPACK would pack (copy)
         # the cache as a matrix at every step, which costs more than the product.
@@ -257,7 +276,7 @@ class CachedMultiHeadAttention(MultiHeadAttention):
                        for part, (_, part_values, _) in zip(exponentials, parts))
         outputs = combine_heads(heads_last(ops.expand_dims(attended, 2)), self.output_kernel,
                                 self.output_bias if self.use_bias else None)
-        return outputs, (keys, values, recent_keys, recent_values)
+        return outputs, (keys, values, recent_keys, recent_values, *settled_offsets)
 
     def _project_step_queries(self, query):
         """Q W^Q / sqrt(d_k) for a step's few queries, which are cheaper to scale than W^Q."""
