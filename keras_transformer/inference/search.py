@@ -207,7 +207,7 @@ def _no_results(batch, steps):
     return tf.zeros([batch, steps], tf.int32), tf.zeros([batch], tf.float32)
 
 
-def _drop_finished(finished, sentences, answers, results, per_sentence, per_row, rows_per_source):
+def _drop_finished(finished, sentences, answers, results, per_sentence, per_row, rows_per_source, every_time=False):
     """Set the finished sentences' answers aside and drop them from the search.
 
     Args:
@@ -219,6 +219,11 @@ def _drop_finished(finished, sentences, answers, results, per_sentence, per_row,
         per_row: `[structure, ...]`, `rows_per_source` rows a sentence on
             axis 0: greedy search's cache (beam search gathers its own),
             and between chunks its last tokens.
+        rows_per_source: the rows of a sentence.
+        every_time: gather what is kept even when no sentence has finished,
+            rather than decide at run time (in LiteRT, a conditional copies
+            every value it passes in and out: between chunks, the gather
+            costs less).
 
     Returns:
         `(results, (sentences, per_sentence), [structure, ...])`, all cut
@@ -235,6 +240,8 @@ def _drop_finished(finished, sentences, answers, results, per_sentence, per_row,
     def keep_all():
         return results, (sentences, per_sentence), list(per_row)
 
+    if every_time:
+        return drop()
     # Most steps finish no sentence: the gathers run only on those that do.
     return tf.cond(tf.reduce_any(finished), drop, keep_all)
 
@@ -321,7 +328,7 @@ def _search(strategy, step_fn, cache, max_lengths, context, drop_finished, first
             if drop_finished:  # first: the settle then copies fewer rows
                 results, (sentences, (state, context)), (cache, last) = _drop_finished(
                     strategy.finished(state), sentences, lambda: strategy.answers(state), results, (state, context),
-                    [cache, last], rows_per_source)
+                    [cache, last], rows_per_source, every_time=True)
             return step, sentences, chunks.settle(cache, start), context, last, state, results
 
     _, sentences, _, _, _, state, results = tf.while_loop(not_done, loop_body, initial, shape_invariants=shapes)
@@ -486,10 +493,6 @@ class BeamSearch:
         A parent is the row (of this step's) whose cache the next token's row continues.
         """
         searching = tf.shape(max_lengths)[0]
-        vocab_size = log_probs.shape[-1] or tf.shape(log_probs)[-1]
-        # Reshaped with -1 for the sentences (here and below): LiteRT then knows every size when it
-        # prepares the loop, not only when it runs a step (which would make it copy the loop's state).
-        log_probs = tf.reshape(log_probs, [-1, self.rows_per_source, vocab_size])
         state, beam_done, parents, next_tokens = self._extend_beams(state, log_probs, position, max_lengths)
         sentence_offsets = tf.range(searching)[:, None] * self.rows_per_source
         parents = sentence_offsets + parents
@@ -498,7 +501,8 @@ class BeamSearch:
         # The greedy row keeps its own cache. It stops once it cannot beat the
         # best final hypothesis (the same bound as the beams'): then the beams
         # win whatever it does, and the batch need not wait for it.
-        chosen, greedy_state = self.greedy.pick(state.greedy, log_probs[:, self.beam_size], position, max_lengths)
+        greedy_rows = tf.gather(log_probs, sentence_offsets[:, 0] + self.beam_size)
+        chosen, greedy_state = self.greedy.pick(state.greedy, greedy_rows, position, max_lengths)
         hopeless = _cannot_be_beaten(state.final_scores[:, 0], state.final_count,
                                      greedy_state.log_prob_sum[:, None], position, max_lengths, self.penalty)
         greedy_state = greedy_state._replace(finished=greedy_state.finished | hopeless)
@@ -510,14 +514,23 @@ class BeamSearch:
     def _extend_beams(self, state, log_probs, position, max_lengths):
         """Extend the live hypotheses by every token; set the ended ones aside; keep the best `beam_size` live.
 
-        Returns `(state, beams done (sentences,), parents, next tokens)`,
-        parents the beam each next token extends, `(sentences, beam_size)`.
+        `log_probs`: `(rows, vocab)`, a sentence's `rows_per_source` rows
+        next to each other, its beams first. Returns `(state, beams done
+        (sentences,), parents, next tokens)`, parents the beam each next
+        token extends, `(sentences, beam_size)`.
         """
-        beam_size = self.beam_size
+        beam_size, rows_per_source = self.beam_size, self.rows_per_source
         candidates_kept = 2 * beam_size  # enough that beam_size of them did not end
         vocab_size = log_probs.shape[-1] or tf.shape(log_probs)[-1]
-        extensions = tf.reshape(state.live_log_probs[:, :, None] + log_probs[:, :beam_size],
-                                [-1, beam_size * vocab_size])
+        # Every row's hypothesis' log-probability added to its row (0 to the greedy row's), then a
+        # sentence's rows as one, cut to its beams' `beam_size * vocab_size` candidates: the fewest
+        # passes over the (rows, vocab) numbers. Reshaped with -1 for the sentences: LiteRT then
+        # knows every size when it prepares the loop, not only when it runs a step (which would make
+        # it copy the loop's state).
+        row_log_probs = tf.pad(state.live_log_probs, [[0, 0], [0, rows_per_source - beam_size]])
+        extensions = tf.reshape(log_probs + tf.reshape(row_log_probs, [-1, 1]), [-1, rows_per_source * vocab_size])
+        if rows_per_source > beam_size:
+            extensions = extensions[:, :beam_size * vocab_size]
         top_log_probs, top = tf.math.top_k(extensions, k=candidates_kept)
         beam_index, tokens = top // vocab_size, top % vocab_size
         top_sequences = write_column(tf.gather(state.live, beam_index, batch_dims=1), position, tokens)
