@@ -207,7 +207,7 @@ def _no_results(batch, steps):
     return tf.zeros([batch, steps], tf.int32), tf.zeros([batch], tf.float32)
 
 
-def _drop_finished(finished, sentences, answers, results, per_sentence, per_row, rows_per_source, every_time=False):
+def _drop_finished(finished, sentences, answers, results, per_sentence, per_row, rows_per_source):
     """Set the finished sentences' answers aside and drop them from the search.
 
     Args:
@@ -217,13 +217,10 @@ def _drop_finished(finished, sentences, answers, results, per_sentence, per_row,
         results: the whole batch's `(tokens, scores)` so far.
         per_sentence: the search's state and the context, sentences on axis 0.
         per_row: `[structure, ...]`, `rows_per_source` rows a sentence on
-            axis 0: greedy search's cache (beam search gathers its own),
-            and between chunks its last tokens.
+            axis 0: the cache where the search does not gather it anyway
+            (greedy search's; beam search's between chunks), and between
+            chunks the last tokens.
         rows_per_source: the rows of a sentence.
-        every_time: gather what is kept even when no sentence has finished,
-            rather than decide at run time (in LiteRT, a conditional copies
-            every value it passes in and out: between chunks, the gather
-            costs less).
 
     Returns:
         `(results, (sentences, per_sentence), [structure, ...])`, all cut
@@ -240,8 +237,6 @@ def _drop_finished(finished, sentences, answers, results, per_sentence, per_row,
     def keep_all():
         return results, (sentences, per_sentence), list(per_row)
 
-    if every_time:
-        return drop()
     # Most steps finish no sentence: the gathers run only on those that do.
     return tf.cond(tf.reduce_any(finished), drop, keep_all)
 
@@ -264,9 +259,9 @@ def _drop_finished(finished, sentences, answers, results, per_sentence, per_row,
 # they got it, and beam search reorders the cache's rows with `reorder(cache, parents)`, which
 # leaves it too (each row remembers which settled row it continues; the settle puts them in order).
 # The searches drop their finished sentences between chunks, so that every shape stays as it is
-# within one: LiteRT then plans the chunk's loop once (re-planning it once a chunk,
-# as the cache grows and the batch shrinks, not at every step), and hands a value the step leaves
-# alone from step to step without copying it.
+# within one: LiteRT then plans the chunk's loop once (re-planning it once a chunk, as the cache
+# grows and the batch shrinks, not at every step), and hands a value the step leaves alone from
+# step to step without copying it.
 Chunks = collections.namedtuple("Chunks", ["steps", "settle", "reorder"])
 
 
@@ -328,7 +323,7 @@ def _search(strategy, step_fn, cache, max_lengths, context, drop_finished, first
             if drop_finished:  # first: the settle then copies fewer rows
                 results, (sentences, (state, context)), (cache, last) = _drop_finished(
                     strategy.finished(state), sentences, lambda: strategy.answers(state), results, (state, context),
-                    [cache, last], rows_per_source, every_time=True)
+                    [cache, last], rows_per_source)
             return step, sentences, chunks.settle(cache, start), context, last, state, results
 
     _, sentences, _, _, _, state, results = tf.while_loop(not_done, loop_body, initial, shape_invariants=shapes)

@@ -152,8 +152,8 @@ def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache
             reorder_chunk)`), growing it by a chunk: in LiteRT, a loop that
             copies only the recent part from step to step. With more than one
             row a sentence (beam search) each layer's cache also says where
-            the settled row each row continues lies (`reorder_chunk`). In a graph traced for LiteRT;
-            `growing_cache` does not apply.
+            the settled row each row continues lies (`reorder_chunk`). In a
+            graph traced for LiteRT; `growing_cache` does not apply.
 
     Returns:
         `(step_fn, cache, context)`. `step_fn(tokens, cache, index, context)
