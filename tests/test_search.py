@@ -189,7 +189,7 @@ def _written_along_by_tensorflow(cached, new, index, axis):
 
 @pytest.mark.parametrize("chunk_steps", [1, 3])
 def test_searches_in_chunks_translate_as_the_ordinary_searches(model, monkeypatch, chunk_steps):
-    """LiteRT's searches: chunks of steps on a two-part cache that grows, sentences leaving between chunks or steps.
+    """LiteRT's searches: chunks of steps on a two-part cache that grows, sentences leaving between chunks.
 
     Run by TensorFlow, with its own ops for LiteRT's one write. Chunks of 3
     divide no length limit here: sentences end mid-chunk, and the last

@@ -21,8 +21,9 @@ What changes on the way from the SavedModel (`export.translator`):
   settled once a chunk, when it grows by a chunk: the searches' shapes
   change only between chunks, where they drop their finished sentences,
   so that LiteRT prepares a chunk's loop once and hands on, uncopied, what
-  a step leaves alone (greedy search's settled cache). Beam search's top-k
-  is sized when the loop is prepared (`top_k_sized_when_prepared`). The
+  a step leaves alone (the settled cache: beam search reorders only the
+  recent part within a chunk). Beam search's top-k is sized when the loop
+  is prepared (`top_k_sized_when_prepared`). The
   log-softmax is spelled out in operators XNNPACK runs. The cache writes
   and the log-softmax are what tracing for LiteRT changes
   (`litert_tracing`). The same translations.
@@ -72,9 +73,9 @@ TEXT_OPERATORS = frozenset({
     "TFText>WhitespaceTokenize",
 })
 # The searches settle their self-attention cache once every this many steps (`inference.steps`):
-# between settles LiteRT's loop copies only the chunk's positions from step to step (greedy search;
-# beam search reorders its rows, which copies both parts), and a settle rewrites the settled part
-# once and grows it by a chunk. The searches drop their finished sentences there too.
+# between settles LiteRT's loop copies only the chunk's positions from step to step, and a settle
+# rewrites the settled part once (in order of beam search's rows) and grows it by a chunk. The
+# searches drop their finished sentences there too.
 CHUNK_STEPS = 8
 # Lowercasing reads at most this many bytes of a text per position of the model's input (the
 # tokenizer cuts at `max_length` tokens anyway). Only a text whose first `max_length` tokens average
@@ -476,7 +477,7 @@ def convert(service, quantization=None):
 
 
 def top_k_sized_when_prepared(model):
-    """The file (bytes) with the unknown sizes taken out of every `TOPK_V2` input's shape signature.
+    """The file (bytes) with no unknown size left in a `TOPK_V2` input's shape signature.
 
     The converter marks the batch axis unknown (-1) in the shape signature
     of every tensor it flows through. LiteRT's `TOPK_V2` reads that mark as
@@ -487,27 +488,33 @@ def top_k_sized_when_prepared(model):
     changed. Beam search keeps its batch within a chunk of steps
     (`inference.search.Chunks`): its top-k's sizes are known whenever its
     loop is prepared, and LiteRT prepares a loop's body again whenever the
-    shapes it starts with change, so the outputs are always sized from the
-    input's actual shape. Nothing else reads the signature of a tensor
-    inside the graph.
+    shapes it starts with change (and the operators after one whose output
+    is sized at run time, once it has run), so the outputs are always sized
+    from the input's actual shape. Nothing else reads the signature of a
+    tensor inside a graph (a graph's own inputs, whose signatures say what a
+    caller may resize, are left as they are).
+
+    Each unknown size is overwritten in place with the size the converter
+    wrote into the tensor's shape: the file is not rebuilt, so its weights
+    keep the converter's alignment.
     """
-    import flatbuffers
     from ai_edge_litert import schema_py_generated as schema
 
-    flatbuffer = schema.ModelT.InitFromObj(schema.Model.GetRootAs(model, 0))
-    if any(buffer.offset > 1 for buffer in flatbuffer.buffers):
-        return model  # weights outside the flatbuffer (over 2 GB): left as it is
-    top_k = {index for index, code in enumerate(flatbuffer.operatorCodes)
-             if max(code.builtinCode, code.deprecatedBuiltinCode) == schema.BuiltinOperator.TOPK_V2}
-    inputs = [subgraph.tensors[operator.inputs[0]] for subgraph in flatbuffer.subgraphs
-              for operator in subgraph.operators if operator.opcodeIndex in top_k]
-    if not any(tensor.shapeSignature is not None and -1 in list(tensor.shapeSignature) for tensor in inputs):
-        return model
-    for tensor in inputs:
-        tensor.shapeSignature = None  # the shape it has, whatever it is when prepared
-    builder = flatbuffers.Builder(1024)
-    builder.Finish(flatbuffer.Pack(builder), file_identifier=b"TFL3")
-    return bytes(builder.Output())
+    model = bytearray(model)  # the signatures' numbers are written in place
+    root = schema.Model.GetRootAs(model, 0)
+    top_k = {index for index in range(root.OperatorCodesLength())
+             if max(root.OperatorCodes(index).BuiltinCode(), root.OperatorCodes(index).DeprecatedBuiltinCode())
+             == schema.BuiltinOperator.TOPK_V2}
+    for subgraph in (root.Subgraphs(index) for index in range(root.SubgraphsLength())):
+        graph_inputs = set(subgraph.InputsAsNumpy().tolist()) if not subgraph.InputsIsNone() else set()
+        for operator in (subgraph.Operators(index) for index in range(subgraph.OperatorsLength())):
+            if operator.OpcodeIndex() not in top_k or operator.Inputs(0) in graph_inputs:
+                continue
+            tensor = subgraph.Tensors(operator.Inputs(0))
+            if not tensor.ShapeSignatureIsNone():
+                signature = tensor.ShapeSignatureAsNumpy()  # a view into `model`
+                signature[signature == -1] = tensor.ShapeAsNumpy()[signature == -1]
+    return bytes(model)
 
 
 def one_copy_of_each_table(model):

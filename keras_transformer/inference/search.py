@@ -28,7 +28,8 @@ tensors with a row of each tensor per row of the search:
   does, and the Transformer's with `growing_cache=False`) keeps the searches
   XLA friendly (with `drop_finished=False`, below). Beam search runs `beam_size` rows a sentence (one more with
   `keep_greedy`), a sentence's rows next to each other, and after every step
-  gathers the cache rows of the hypotheses that survive.
+  gathers the cache rows of the hypotheses that survive (or has `Chunks`
+  reorder them, below).
 - `context`: what no step changes (the encoded source), one row per
   sentence on axis 0, whatever the rows per sentence: every row of a
   sentence reads the same, so the searches never reorder it; they only drop
@@ -580,7 +581,7 @@ def beam_search(step_fn, cache, max_lengths, settings, context=(), drop_finished
         cache: its initial cache for those rows, every row of a sentence
             holding the same (`tf.repeat(..., rows, axis=0)` lays a
             sentence's cache out so). Rows are reordered by a gather on axis
-            0 as beams survive and die.
+            0 as beams survive and die (by `chunks.reorder`, in chunks).
         context: as for `greedy_search`: one row per sentence, which all
             its rows read.
         max_lengths: `(batch,)` int32, one limit per sentence.

@@ -26,7 +26,7 @@ the cache all its room at once and keeps finished sentences in the batch.
 LiteRT, which copies a loop's state at every step and re-plans a loop whose
 shapes change, decodes in chunks of steps (`chunk_steps`) on a cache kept in
 two parts: most of it untouched for a chunk, settled once a chunk, when it
-grows by a chunk (and greedy search's finished sentences leave).
+grows by a chunk (and finished sentences leave).
 
 `transformer_search` puts the pieces together: the per-sentence output
 limits, the step function, and greedy or beam search.
@@ -117,13 +117,13 @@ def reorder_chunk(cache, parents):
     continues lies now. Attention reads the settled part through them, and
     the settle puts its rows in order.
     """
+    if len(cache[0]) == 4:  # no offsets (one row a sentence): the settled part is reordered too
+        return [tuple(tf.gather(part, parents) for part in layer) for layer in cache]
+    # Every layer's offsets are the same: computed once, from the first's.
     rows = tf.range(tf.shape(parents)[0])
-
-    def reordered(keys, values, recent_keys, recent_values, settled_offsets):
-        settled_offsets = parents + tf.gather(settled_offsets, parents) - rows  # the parent's settled row, from here
-        return keys, values, tf.gather(recent_keys, parents), tf.gather(recent_values, parents), settled_offsets
-
-    return [reordered(*layer) for layer in cache]
+    offsets = parents + tf.gather(cache[0][4], parents) - rows  # the parent's settled row, from here
+    return [(keys, values, tf.gather(recent_keys, parents), tf.gather(recent_values, parents), offsets)
+            for keys, values, recent_keys, recent_values, _ in cache]
 
 
 def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache=True, growing_cache=True,
