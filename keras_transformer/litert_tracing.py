@@ -12,10 +12,13 @@ TensorFlow; the translations are the same:
   traced this way. A self-attention cache in two parts, which LiteRT's searches
   decode on (`layers.cached_attention.settle_recent`), is written this way
   too, and refused outside `tracing_for_litert()`.
-- the searches' log-softmax is spelled out as a maximum, an exponential, a
-  sum and a logarithm (`inference.search.log_softmax`), operators that
-  LiteRT hands to XNNPACK, instead of LiteRT's own `LOG_SOFTMAX` kernel. The
-  scores may differ from TensorFlow's in their last bits.
+- the searches' candidates (`inference.search.top_log_probs`) come from the
+  logits cut into blocks: a top-k over the blocks with the largest maxima,
+  and a log-softmax normaliser spelled out as a maximum, an exponential, a
+  sum and a logarithm, operators that LiteRT hands to XNNPACK, instead of
+  LiteRT's own `LOG_SOFTMAX` kernel and a top-k over the whole vocabulary.
+  The same candidates; the scores may differ from TensorFlow's in their
+  last bits.
 """
 
 import contextlib

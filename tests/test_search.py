@@ -23,7 +23,8 @@ from keras_transformer.inference import (
     transformer_step,
 )
 from keras_transformer.inference import steps as decoding_steps
-from keras_transformer.inference.search import log_softmax
+from keras_transformer.inference.search import log_softmax, top_log_probs
+from keras_transformer.inference.settings import TokenRules
 from keras_transformer.inference.tracing import graph_function
 from keras_transformer.litert_tracing import tracing_for_litert
 from keras_transformer.text import WordPieceTokenizer
@@ -218,6 +219,27 @@ def test_the_log_softmax_spelled_out_for_litert_equals_tensorflows():
     with tracing_for_litert():
         spelled_out = log_softmax(logits)
     np.testing.assert_allclose(spelled_out.numpy(), tf.nn.log_softmax(logits).numpy(), rtol=1e-6, atol=1e-4)
+
+
+@pytest.mark.parametrize("vocab_size", [58101, 10000, 1000])
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_the_candidates_found_in_blocks_for_litert_are_tensorflows_top_k(vocab_size, renormalize):
+    # LiteRT's candidates come from the k blocks with the largest maxima: the same ids, in the same
+    # order, as a top-k over all the log-probabilities, with a forbidden id the largest logit of a
+    # row and equal logits in others (equal ones go to the lower id).
+    rules = TokenRules(start_id=2, end_id=3, never=(0, 2, 57), renormalize=renormalize)
+    logits = np.random.default_rng(vocab_size).normal(scale=5.0, size=(5, vocab_size)).astype(np.float32)
+    logits[0, 57] = 100.0
+    logits[1] = np.round(logits[1])
+    logits[2] = -10.0  # the largest logit in the last block, one equal to the second largest in the first
+    logits[2, [10, vocab_size - 5, vocab_size - 4]] = [1.0, 2.0, 1.0]
+    for k in (1, 8):
+        expected = top_log_probs(tf.constant(logits), k, rules)
+        with tracing_for_litert():
+            found = top_log_probs(tf.constant(logits), k, rules)
+        np.testing.assert_array_equal(found[1].numpy(), expected[1].numpy())
+        np.testing.assert_allclose(found[0].numpy(), expected[0].numpy(), rtol=1e-6, atol=1e-5)
+        assert not np.isin(found[1].numpy(), rules.never).any()
 
 
 def test_bad_beam_size(model):

@@ -95,39 +95,130 @@ def loop_shapes(loop_vars, cache_position, cache_grows=True):
     return tuple(shapes)
 
 
-def _apply_rules(log_probs, rules, step, row_limits, first_ids):
-    """`log_probs` with `rules` applied at output position `step`.
+def _forbidden_row(vocab_size, never):
+    """`(vocab_size,)` float32: -inf (`NEG_INF`) at the `never` ids, 0 elsewhere.
 
-    `row_limits`: each row's sentence's limit; `first_ids`: the forced first
-    token, one for all rows or one a row, or None (nothing forced).
+    The vocabulary size is static for a model's logits, so this row is a
+    constant once the graph is optimised.
     """
-    # The vocabulary size is static for a model's logits, so these masks are
-    # constants once the graph is optimised.
-    ids = tf.range(log_probs.shape[-1] or tf.shape(log_probs)[-1])
-    forbidden = tf.reduce_any(ids[:, None] == tf.constant(list(rules.never), tf.int32)[None, :], axis=1)
-    # Added, not selected: an addition of a constant row runs on every core and the CPU's widest
-    # vectors in LiteRT (XNNPACK), its selection does not. A forbidden id scores about -1e9 either way.
-    log_probs = log_probs + tf.where(forbidden, tf.cast(NEG_INF, log_probs.dtype), tf.cast(0.0, log_probs.dtype))
-    if rules.renormalize:
-        log_probs = log_softmax(log_probs)
+    ids = tf.range(vocab_size)
+    forbidden = tf.reduce_any(ids[:, None] == tf.constant(list(never), tf.int32)[None, :], axis=1)
+    return tf.where(forbidden, tf.constant(NEG_INF, tf.float32), tf.constant(0.0, tf.float32))
 
-    def certain(token_ids):  # log-probability 0 for `token_ids` (one, or one a row), -inf for every other id
-        chosen = ids[None, :] == tf.reshape(token_ids, [-1, 1])
-        return tf.where(chosen, tf.constant(0.0, log_probs.dtype), tf.cast(NEG_INF, log_probs.dtype))
+
+def top_log_probs(logits, k, rules):
+    """Each row's `k` most probable next tokens, the `rules`' forbidden ids left out.
+
+    A search reads no more than a few of a row's `vocab` log-probabilities
+    (greedy search its best; beam search, whose `beam_size` best extensions
+    of a sentence lie among its rows' `2 * beam_size` best), so this is all
+    it asks of the model's logits.
+
+    Args:
+        logits: `(rows, vocab)` float32.
+        k: candidates per row.
+        rules: the `TokenRules`: `never` (forbidden: log-probability -inf)
+            and `renormalize` (normalise again without them).
+
+    Returns:
+        `(log_probs (rows, k), ids (rows, k) int32)`, best first; equal
+        log-probabilities in id order, as `tf.math.top_k` gives them.
+    """
+    vocab_size = logits.shape[-1] or tf.shape(logits)[-1]
+    forbidden = _forbidden_row(vocab_size, rules.never)
+    never = len(set(rules.never))
+    block = _block_size(logits.shape[-1], k + never) if traced_for_litert() else None
+    if block is None:
+        # Added, not selected: an addition of a constant row runs on every core and the CPU's widest
+        # vectors in LiteRT (XNNPACK), its selection does not. A forbidden id scores about -1e9 either way.
+        log_probs = log_softmax(logits) + forbidden
+        if rules.renormalize:
+            log_probs = log_softmax(log_probs)
+        return tf.math.top_k(log_probs, k)
+    return _top_log_probs_in_blocks(logits, k, block, forbidden, never, rules.renormalize)
+
+
+def _block_size(vocab_size, k):
+    """The block `_top_log_probs_in_blocks` cuts a row of `vocab_size` logits into, or None (too few to pay).
+
+    A divisor of the vocabulary size (a reshape into blocks moves no
+    number), near `sqrt(vocab_size / k)`, which makes the two top-k's after
+    the blocks' maxima, over `vocab_size / block` maxima and over `k`
+    blocks, cheapest together.
+    """
+    if vocab_size is None or vocab_size < 64 * k:
+        return None
+    best = (vocab_size / k) ** 0.5
+    divisors = [size for size in range(8, min(vocab_size // k, 4096) + 1) if vocab_size % size == 0]
+    block = min(divisors, key=lambda size: abs(size - best), default=None)
+    # A vocabulary with no useful divisor (a prime size) keeps the plain top-k.
+    return block if block is not None and vocab_size // block + k * block < vocab_size // 4 else None
+
+
+def _top_log_probs_in_blocks(logits, k, block, forbidden, never, renormalize):
+    """`top_log_probs` as LiteRT runs it fastest: the fewest passes over the logits, a top-k over a few.
+
+    LiteRT's `TOPK_V2` is a scalar loop over every number it is given, and
+    at a large vocabulary each pass over the `(rows, vocab)` numbers (a
+    log-softmax spelled out, an added row, a selection) costs a good part of
+    what the model's int8 products do. So the logits are cut into blocks
+    (a reshape, which moves nothing): one `max` pass gives each block's
+    largest logit and, from those, the row's largest for the normaliser
+    (`m + log(sum(exp(logits - m)))`, as in `log_softmax`); the `k` largest
+    logits lie in the `k` blocks with the largest maxima, and a top-k over
+    those blocks' logits finds them. Only these candidates are normalised.
+    The forbidden ids are taken out among the candidates (`k` more of them,
+    in case they are the largest), unless `renormalize` takes them out of
+    the normaliser too.
+    """
+    if renormalize:
+        logits, never = logits + forbidden, 0
+    wanted = k + never
+    blocks = tf.reshape(logits, [-1, logits.shape[-1] // block, block])  # -1: LiteRT knows every size in its loop
+    block_largest = tf.reduce_max(blocks, axis=-1)
+    largest = tf.reduce_max(block_largest, axis=-1, keepdims=True)
+    log_total = largest + tf.math.log(tf.reduce_sum(tf.exp(blocks - largest[:, :, None]), axis=[1, 2])[:, None])
+    _, best_blocks = tf.math.top_k(block_largest, wanted)
+    best_blocks = -tf.math.top_k(-best_blocks, wanted).values  # in id order: ties go to the lower id, as top_k's do
+    values, within = tf.math.top_k(tf.reshape(tf.gather(blocks, best_blocks, batch_dims=1), [-1, wanted * block]),
+                                   wanted)
+    ids = tf.gather(best_blocks, within // block, batch_dims=1) * block + within % block
+    if never:
+        values, best = tf.math.top_k(values + tf.gather(forbidden, ids), k)
+        ids = tf.gather(ids, best, batch_dims=1)
+    return values - log_total, ids
+
+
+def _apply_rules(candidates, rules, step, row_limits, first_ids):
+    """A search's `(log_probs, ids)` candidates (`top_log_probs`) with the `rules` for positions applied.
+
+    At output position `step`: a forced first token at 0 (`first_ids`: one
+    for all rows or one a row, or None: nothing forced), [END] at a row's
+    limit (`row_limits`, with `end_at_limit`). A forced token becomes its
+    row's only candidate, certain (log-probability 0); the others are -inf.
+    """
+    log_probs, ids = candidates
+    k = log_probs.shape[-1]
+
+    def certain(token_ids):  # `token_ids` (one, or one a row) the only candidate
+        only = tf.constant([0.0] + [NEG_INF] * (k - 1), log_probs.dtype)[None, :]
+        return only, tf.pad(tf.reshape(tf.cast(token_ids, tf.int32), [-1, 1]), [[0, 0], [0, k - 1]])
+
+    def forced_where(condition, token_ids, candidates):
+        forced = certain(token_ids)
+        return tuple(tf.where(condition, when_forced, otherwise) for when_forced, otherwise in zip(forced, candidates))
 
     if first_ids is not None:
-        # At the first position only: the later steps skip the (rows, vocab) work.
-        log_probs = tf.cond(tf.equal(step, 0), lambda: tf.broadcast_to(certain(first_ids), tf.shape(log_probs)),
-                            lambda: log_probs)
+        log_probs, ids = forced_where(tf.equal(step, 0), first_ids, (log_probs, ids))
     if rules.end_at_limit:
-        log_probs = tf.where((step + 1 >= row_limits)[:, None], certain(rules.end_id), log_probs)
-    return log_probs
+        log_probs, ids = forced_where((step + 1 >= row_limits)[:, None], rules.end_id, (log_probs, ids))
+    return log_probs, ids
 
 
-def _log_probs(step_fn, last, cache, step, context, rules, row_limits, first_ids):
-    """One model step: log-probabilities of every next token under `rules`, and the updated cache."""
+def _candidates(step_fn, last, cache, step, context, rules, row_limits, first_ids, k):
+    """One model step: each row's `k` best next tokens under `rules`, `(log_probs, ids)`, and the updated cache."""
     logits, cache = step_fn(last, cache, step, context)
-    return _apply_rules(log_softmax(logits), rules, step, row_limits, first_ids), cache
+    return _apply_rules(top_log_probs(logits, k, rules), rules, step, row_limits, first_ids), cache
 
 
 def log_softmax(logits):
@@ -286,9 +377,10 @@ def _search(strategy, step_fn, cache, max_lengths, context, drop_finished, first
         if rows_per_source > 1:  # each sentence's, for each of its rows (tf.repeat, as a reshape to known sizes)
             row_limits, row_first_ids = (tf.reshape(tf.tile(value[:, None], [1, rows_per_source]), [-1])
                                          for value in (row_limits, row_first_ids))
-        log_probs, cache = _log_probs(step_fn, last, cache, step, context, rules, row_limits,
-                                      row_first_ids if first_per_sentence else rules.forced_first)
-        tokens, parents, state = strategy.advance(state, log_probs, step, sentences.max_lengths)
+        candidates, cache = _candidates(step_fn, last, cache, step, context, rules, row_limits,
+                                        row_first_ids if first_per_sentence else rules.forced_first,
+                                        strategy.candidates_per_row)
+        tokens, parents, state = strategy.advance(state, candidates, step, sentences.max_lengths)
         if drop_finished and chunks is None:
             # Beam search gathers its cache rows by `parents` below, which
             # drops the finished sentences' rows at no extra cost; greedy
@@ -346,6 +438,7 @@ class GreedySearch:
 
     rows_per_source = 1
     reorders_rows = False
+    candidates_per_row = 1  # its best next token
 
     def __init__(self, settings):
         self.rules = _token_rules(settings)
@@ -361,11 +454,14 @@ class GreedySearch:
             lengths=tf.zeros([batch], tf.int32),
         )
 
-    def pick(self, state, log_probs, position, max_lengths):
-        """Pick each sentence's most probable token at output `position`: `(chosen, state)`, [PAD] once finished."""
-        chosen = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
-        chosen = tf.where(state.finished, 0, chosen)
-        chosen_log_prob = tf.gather(log_probs, chosen, batch_dims=1)
+    def pick(self, state, candidates, position, max_lengths):
+        """Pick each sentence's most probable token at output `position`: `(chosen, state)`, [PAD] once finished.
+
+        `candidates`: `(log_probs, ids)`, each row's best first (`top_log_probs`).
+        """
+        log_probs, ids = candidates
+        chosen = tf.where(state.finished, 0, ids[:, 0])
+        chosen_log_prob = log_probs[:, 0]
         return chosen, GreedyState(
             finished=state.finished | (chosen == self.end_id) | (position + 1 >= max_lengths),
             tokens=write_column(state.tokens, position, chosen),
@@ -373,8 +469,8 @@ class GreedySearch:
             lengths=state.lengths + tf.where(state.finished, 0, 1),
         )
 
-    def advance(self, state, log_probs, position, max_lengths):
-        chosen, state = self.pick(state, log_probs, position, max_lengths)
+    def advance(self, state, candidates, position, max_lengths):
+        chosen, state = self.pick(state, candidates, position, max_lengths)
         return chosen, (), state
 
     @staticmethod
@@ -459,6 +555,8 @@ class BeamSearch:
         self.stop = STOP_RULES[settings.stop_rule]
         self.greedy = GreedySearch(settings) if settings.keep_greedy else None
         self.rows_per_source = beam_rows_per_source(settings.beam_size, settings.keep_greedy)
+        # A sentence's `beam_size` best extensions that do not end lie among its rows' `2 * beam_size` best.
+        self.candidates_per_row = 2 * settings.beam_size
 
     def initial(self, batch, steps):
         # Only the first beam is live at the start, or every beam would be the same.
@@ -483,13 +581,15 @@ class BeamSearch:
         best = state.final[:, 0], state.final_scores[:, 0]  # top_k keeps them sorted
         return higher_scoring(best, self.greedy.answers(state.greedy)) if self.greedy else best
 
-    def advance(self, state, log_probs, position, max_lengths):
+    def advance(self, state, candidates, position, max_lengths):
         """One step: `(next tokens, parents, state)`, tokens and parents `(sentences, rows_per_source)`.
 
-        A parent is the row (of this step's) whose cache the next token's row continues.
+        `candidates`: `(log_probs, ids)`, each row's best `candidates_per_row`
+        (`top_log_probs`). A parent is the row (of this step's) whose cache
+        the next token's row continues.
         """
         searching = tf.shape(max_lengths)[0]
-        state, beam_done, parents, next_tokens = self._extend_beams(state, log_probs, position, max_lengths)
+        state, beam_done, parents, next_tokens = self._extend_beams(state, candidates, position, max_lengths)
         sentence_offsets = tf.range(searching)[:, None] * self.rows_per_source
         parents = sentence_offsets + parents
         if not self.greedy:
@@ -497,7 +597,7 @@ class BeamSearch:
         # The greedy row keeps its own cache. It stops once it cannot beat the
         # best final hypothesis (the same bound as the beams'): then the beams
         # win whatever it does, and the batch need not wait for it.
-        greedy_rows = tf.gather(log_probs, sentence_offsets[:, 0] + self.beam_size)
+        greedy_rows = tuple(tf.gather(part, sentence_offsets[:, 0] + self.beam_size) for part in candidates)
         chosen, greedy_state = self.greedy.pick(state.greedy, greedy_rows, position, max_lengths)
         hopeless = _cannot_be_beaten(state.final_scores[:, 0], state.final_count,
                                      greedy_state.log_prob_sum[:, None], position, max_lengths, self.penalty)
@@ -507,28 +607,31 @@ class BeamSearch:
         done = tf.stack([beam_done, greedy_state.finished], axis=1)
         return next_tokens, parents, state._replace(done=done, greedy=greedy_state)
 
-    def _extend_beams(self, state, log_probs, position, max_lengths):
-        """Extend the live hypotheses by every token; set the ended ones aside; keep the best `beam_size` live.
+    def _extend_beams(self, state, candidates, position, max_lengths):
+        """Extend the live hypotheses by their best tokens; set the ended ones aside; keep the best `beam_size` live.
 
-        `log_probs`: `(rows, vocab)`, a sentence's `rows_per_source` rows
-        next to each other, its beams first. Returns `(state, beams done
-        (sentences,), parents, next tokens)`, parents the beam each next
-        token extends, `(sentences, beam_size)`.
+        `candidates`: `(log_probs, ids)`, each `(rows, 2 * beam_size)`, a
+        sentence's `rows_per_source` rows next to each other, its beams
+        first. Returns `(state, beams done (sentences,), parents, next
+        tokens)`, parents the beam each next token extends, `(sentences,
+        beam_size)`.
         """
         beam_size, rows_per_source = self.beam_size, self.rows_per_source
         candidates_kept = 2 * beam_size  # enough that beam_size of them did not end
-        vocab_size = log_probs.shape[-1] or tf.shape(log_probs)[-1]
-        # Every row's hypothesis' log-probability added to its row (0 to the greedy row's), then a
-        # sentence's rows as one, cut to its beams' `beam_size * vocab_size` candidates: the fewest
-        # passes over the (rows, vocab) numbers. Reshaped with -1 for the sentences: LiteRT then
-        # knows every size when it prepares the loop, not only when it runs a step (which would make
-        # it copy the loop's state).
+        log_probs, ids = candidates
+        # Every row's hypothesis' log-probability added to its candidates (0 to the greedy row's), then
+        # a sentence's rows as one, cut to its beams' candidates. Reshaped with -1 for the sentences:
+        # LiteRT then knows every size when it prepares the loop, not only when it runs a step (which
+        # would make it copy the loop's state).
         row_log_probs = tf.pad(state.live_log_probs, [[0, 0], [0, rows_per_source - beam_size]])
-        extensions = tf.reshape(log_probs + tf.reshape(row_log_probs, [-1, 1]), [-1, rows_per_source * vocab_size])
-        if rows_per_source > beam_size:
-            extensions = extensions[:, :beam_size * vocab_size]
+
+        def per_sentence(values):  # (rows, candidates) -> (sentences, its beams' candidates)
+            values = tf.reshape(values, [-1, rows_per_source * candidates_kept])
+            return values[:, :beam_size * candidates_kept] if rows_per_source > beam_size else values
+
+        extensions = per_sentence(log_probs + tf.reshape(row_log_probs, [-1, 1]))
         top_log_probs, top = tf.math.top_k(extensions, k=candidates_kept)
-        beam_index, tokens = top // vocab_size, top % vocab_size
+        beam_index, tokens = top // candidates_kept, tf.gather(per_sentence(ids), top, batch_dims=1)
         top_sequences = write_column(tf.gather(state.live, beam_index, batch_dims=1), position, tokens)
         ends = (tokens == self.end_id) | (position + 1 >= max_lengths[:, None])
 
