@@ -34,6 +34,8 @@ from keras_transformer.startup import start_up_lines_dropped
 
 # A LiteRT export's two files (`export.litert` writes them; this module imports no TensorFlow to read them).
 MODEL_FILE, SETTINGS_FILE = "model.tflite", "litert.json"
+# The texts a runner gives the file at once, unless the export says fewer (`translate`).
+DEFAULT_BATCH_SIZE = 32
 
 
 # tensorflow-text's registrar, under the name `import tensorflow_text` gives it: loaded once per process
@@ -148,9 +150,12 @@ class LiteRTModel:
         return {name: np.zeros([0, *detail["shape"][1:]], object if detail["dtype"] is np.bytes_ else detail["dtype"])
                 for name, detail in runner.get_output_details().items()}
 
-    def translate(self, texts, batch_size=32, source_language=None, target_language=None):
+    def translate(self, texts, batch_size=None, source_language=None, target_language=None):
         """Python strings in, translations out, in batches.
 
+        `batch_size`: the sentences the file translates at once; default:
+        `DEFAULT_BATCH_SIZE`, fewer for a beam search (the export's
+        `sentences_per_run`, `export.litert.ROWS_PER_RUN`: 16 at beam 4).
         A multilingual export (M2M100, NLLB: `settings["languages"]`) takes
         `source_language` and `target_language`, each a code for every text
         or a list of one code per text; without them it translates the pair
@@ -158,6 +163,7 @@ class LiteRTModel:
         """
         self._require("translation", "translate")
         texts = _checked_texts(texts)
+        batch_size = batch_size or self.settings.get("sentences_per_run", DEFAULT_BATCH_SIZE)
         if source_language is None and target_language is None:
             return [text.decode("utf-8") for batch in _batches(texts, batch_size)
                     for text in self._answer(self._runner, batch)["translation"]]
@@ -186,7 +192,7 @@ class LiteRTModel:
                              f"{', '.join(languages[:4])}, ...); got {', '.join(unknown[:4])}")
         return np.array([code.encode("utf-8") for code in codes], dtype=object).reshape([count])
 
-    def classify(self, texts, batch_size=32):
+    def classify(self, texts, batch_size=DEFAULT_BATCH_SIZE):
         """`[(label, its probability)]`, one per text (as `keras-transformer classify` prints them)."""
         self._require("classification", "classify")
         results = []
@@ -213,7 +219,7 @@ class LiteRTModel:
         inputs = {"seed": np.int32(seed), "temperature": np.float32(settings["temperature"]),
                   "top_k": np.int32(settings["top_k"]), "top_p": np.float32(settings["top_p"]),
                   "max_new_tokens": np.int32(settings["max_new_tokens"])}
-        return [text.decode("utf-8") for batch in _batches(prompts, 32)
+        return [text.decode("utf-8") for batch in _batches(prompts, DEFAULT_BATCH_SIZE)
                 for text in self._answer(self._generate, batch, **inputs)["text"]]
 
     def _require(self, kind, command):

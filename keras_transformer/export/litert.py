@@ -56,9 +56,10 @@ import tempfile
 import tensorflow as tf
 
 from keras_transformer.inference.generator import framed_prompts
+from keras_transformer.inference.search import beam_rows_per_source
 from keras_transformer.inference.sampling import SamplingSettings
 from keras_transformer.litert_tracing import tracing_for_litert
-from keras_transformer.on_device import MODEL_FILE, SETTINGS_FILE  # where the runner reads them
+from keras_transformer.on_device import DEFAULT_BATCH_SIZE, MODEL_FILE, SETTINGS_FILE  # what the runner reads
 from keras_transformer.saving import directory_written_whole, write_json
 from keras_transformer.text import SentencePieceTokenizer, WordPieceTokenizer
 from keras_transformer.text.bpe_merges import BPEMerges, is_bpe
@@ -77,6 +78,11 @@ TEXT_OPERATORS = frozenset({
 # rewrites the settled part once (in order of beam search's rows) and grows it by a chunk. The
 # searches drop their finished sentences there too.
 CHUNK_STEPS = 8
+# The most rows (sentences x the search's rows per sentence) the runner gives the file at once; a
+# larger batch is translated in parts. A step's work over its cache is memory-bound: at beam 4, 16
+# sentences a run (64 rows) ran faster than 32 (their caches stay nearer the cores), and held half
+# the memory (BENCHMARKS.md, "On device").
+ROWS_PER_RUN = 64
 # Lowercasing reads at most this many bytes of a text per position of the model's input (the
 # tokenizer cuts at `max_length` tokens anyway). Only a text whose first `max_length` tokens average
 # more than this (words of 30 letters and more, each one [UNK]) is cut sooner than the SavedModel cuts it.
@@ -357,8 +363,11 @@ class LiteRTTranslation(LiteRTService):
 
     def settings(self):
         translator = self.translator
+        beam_size = translator.settings.beam_size
+        rows = 1 if beam_size == 1 else beam_rows_per_source(beam_size, translator.settings.keep_greedy)
         return {
             "kind": "translation", **translator.settings.to_config(), "max_source_length": translator.model.max_length,
+            "sentences_per_run": max(1, min(DEFAULT_BATCH_SIZE, ROWS_PER_RUN // rows)),
             "lowercase": self.source.lower_case, "max_bytes": self.source.max_bytes,
             **({"languages": translator.languages} if translator.languages else {}),
         }
