@@ -110,6 +110,38 @@ def test_a_shared_tied_table_is_stored_once_in_the_int8_file(tmp_path):
     assert all(isinstance(text, str) for text in translated)
 
 
+def test_the_int8_files_lookups_read_int8_rows_and_translate_as_the_whole_table_did(tmp_path, monkeypatch):
+    # Without the rewrite the tied table is turned into floats whole, and the search's loops carry those.
+    from test_publish import PUBLISHED
+
+    texts = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Park.", "Eine Frau liest ein Buch.", ""]
+    translation.export_litert(str(PUBLISHED / "run"), str(tmp_path / "rows"), quantization="int8", beam_size=2)
+    monkeypatch.setattr(litert, "int8_lookups", lambda model: model)
+    translation.export_litert(str(PUBLISHED / "run"), str(tmp_path / "whole"), quantization="int8", beam_size=2)
+    files = {name: (tmp_path / name / litert.MODEL_FILE).read_bytes() for name in ("rows", "whole")}
+    assert whole_tables_dequantized(files["whole"]) and not whole_tables_dequantized(files["rows"])
+    rows, whole = LiteRTModel(tmp_path / "rows").run(texts), LiteRTModel(tmp_path / "whole").run(texts)
+    assert list(rows["translation"]) == list(whole["translation"])
+    np.testing.assert_array_equal(rows["score"], whole["score"])
+
+
+def whole_tables_dequantized(content):
+    """The tensors of a LiteRT file that a `DEQUANTIZE` fills from a whole int8 table (2-D, a scale per row)."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    model = schema.ModelT.InitFromObj(schema.Model.GetRootAs(content, 0))
+    dequantize = {index for index, code in enumerate(model.operatorCodes)
+                  if max(code.builtinCode, code.deprecatedBuiltinCode) == schema.BuiltinOperator.DEQUANTIZE}
+    found = []
+    for subgraph in model.subgraphs:
+        for operator in subgraph.operators:
+            table = subgraph.tensors[operator.inputs[0]]
+            if (operator.opcodeIndex in dequantize and len(table.shape) == 2 and table.quantization is not None
+                    and table.quantization.scale is not None and len(table.quantization.scale) == table.shape[0] > 1):
+                found.append(subgraph.tensors[operator.outputs[0]].name)
+    return found
+
+
 def int8_weights(content):
     """`[(shape, dequantized values)]` of every int8 weight buffer of a LiteRT file, each buffer once."""
     from ai_edge_litert import schema_py_generated as schema
@@ -125,7 +157,8 @@ def int8_weights(content):
                 shape = tuple(tensor.ShapeAsNumpy())
                 scale = tensor.Quantization().ScaleAsNumpy()
                 scale = scale.reshape(-1, 1) if tensor.Quantization().QuantizedDimension() == 0 else scale.reshape(1, -1)
-                found[tensor.Buffer()] = (shape, data.view(np.int8).reshape(shape) * scale)
+                if tensor.Buffer() not in found or scale.size > 1:  # a lookup reads a table's rows unscaled
+                    found[tensor.Buffer()] = (shape, data.view(np.int8).reshape(shape) * scale)
     return list(found.values())
 
 

@@ -39,7 +39,8 @@ What changes on the way from the SavedModel (`export.translator`):
   matrix in int8 with a scale per channel, embeddings and output
   projection included; an embedding table looked up only, with one scale
   for the whole table; a tied one stored once, with a scale per row,
-  `one_copy_of_each_table`). The model computes in float32 whatever
+  `one_copy_of_each_table`), whose rows are looked up in int8 and
+  scaled (`int8_lookups`). The model computes in float32 whatever
   precision it was trained in.
 
 Three kinds of run, three services: `LiteRTTranslation` (`text` ->
@@ -482,7 +483,7 @@ def convert(service, quantization=None):
         model = converter.convert()
     check_operators(model)
     model = top_k_sized_when_prepared(model)
-    return one_copy_of_each_table(model) if quantization == "int8" else model
+    return int8_lookups(one_copy_of_each_table(model)) if quantization == "int8" else model
 
 
 def top_k_sized_when_prepared(model):
@@ -592,6 +593,160 @@ def one_copy_of_each_table(model):
     for number, buffer in enumerate(buffers):
         if number not in pointed_at:
             buffer.data = None
+    builder = flatbuffers.Builder(1024)
+    builder.Finish(flatbuffer.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())
+
+
+def int8_lookups(model):
+    """The int8 file (bytes) with each table's lookups reading int8 rows, not the whole table turned into floats.
+
+    A tied table's lookups read its per-row int8 copy through a `DEQUANTIZE`
+    of the whole table (`one_copy_of_each_table`): LiteRT computes that once
+    and keeps it, a float32 table as large as four int8 ones (112 MB at
+    OPUS-MT-base's size), and the decoder's lookups, inside the search's
+    loops, take it in as a loop operand: each `WHILE` copies it into its
+    body and out again, and holds those copies too. Here each lookup
+    gathers the int8 rows it needs and scales them by their rows' scales
+    (`GATHER`, `DEQUANTIZE` with a scale of 1, `GATHER` of the scales,
+    `MUL`: the same floats, `q * scale`, as the whole table's), the loops
+    no longer carry the table, and its `DEQUANTIZE` goes. A table that
+    anything but a plain lookup or a loop that passes it on reads is left
+    as it is, as is a file whose weights lie outside its flatbuffer.
+    """
+    import copy
+
+    import flatbuffers
+    import numpy as np
+    from ai_edge_litert import schema_py_generated as schema
+
+    flatbuffer = schema.ModelT.InitFromObj(schema.Model.GetRootAs(model, 0))
+    if any(buffer.offset > 1 for buffer in flatbuffer.buffers):
+        return model
+    builtin = schema.BuiltinOperator
+    codes, subgraphs = flatbuffer.operatorCodes, flatbuffer.subgraphs
+
+    def kind(operator):
+        code = codes[operator.opcodeIndex]
+        return max(code.builtinCode, code.deprecatedBuiltinCode)
+
+    def opcode(operator_kind):
+        """The index of `operator_kind`'s code, added where the file has none."""
+        for index, code in enumerate(codes):
+            if max(code.builtinCode, code.deprecatedBuiltinCode) == operator_kind:
+                return index
+        code = schema.OperatorCodeT()
+        code.builtinCode, code.deprecatedBuiltinCode, code.version = operator_kind, min(operator_kind, 127), 1
+        codes.append(code)
+        return len(codes) - 1
+
+    # How many operators run each subgraph: a loop body that two operators share is left alone.
+    runs = collections.Counter(
+        getattr(operator.builtinOptions, name) for subgraph in subgraphs for operator in subgraph.operators
+        for name in ("condSubgraphIndex", "bodySubgraphIndex", "thenSubgraphIndex", "elseSubgraphIndex")
+        if hasattr(operator.builtinOptions, name))
+
+    def readers(subgraph, tensor):
+        return [operator for operator in subgraph.operators if tensor in list(operator.inputs)]
+
+    def only_looked_up(graph, tensor, lookups, loops, passed_on_as=None):
+        """Whether `tensor` (a table in subgraph `graph`) is read only by lookups, and by loops that pass it on
+        untouched to bodies where the same holds; gathers `(graph, GATHER)` into `lookups` and `(WHILE, operand)`
+        into `loops`, outer loops first. `passed_on_as`: in a loop's body, the output that hands it on."""
+        subgraph = subgraphs[graph]
+        outputs = list(subgraph.outputs if subgraph.outputs is not None else [])
+        if [number for number, output in enumerate(outputs) if output == tensor] not in ([], [passed_on_as]):
+            return False
+        for operator in readers(subgraph, tensor):
+            inputs, options = list(operator.inputs), operator.builtinOptions
+            if (kind(operator) == builtin.GATHER and inputs.index(tensor) == 0 and inputs.count(tensor) == 1
+                    and options.axis == 0 and options.batchDims == 0):
+                lookups.append((graph, operator))
+                continue
+            if kind(operator) != builtin.WHILE or inputs.count(tensor) != 1:
+                return False
+            operand = inputs.index(tensor)
+            cond, body = subgraphs[options.condSubgraphIndex], subgraphs[options.bodySubgraphIndex]
+            passed_on = body.inputs[operand]
+            if (runs[options.condSubgraphIndex] != 1 or runs[options.bodySubgraphIndex] != 1
+                    or body.outputs[operand] != passed_on or readers(cond, cond.inputs[operand])
+                    or readers(subgraph, operator.outputs[operand]) or operator.outputs[operand] in outputs):
+                return False
+            loops.append((operator, operand))
+            if not only_looked_up(options.bodySubgraphIndex, passed_on, lookups, loops, passed_on_as=operand):
+                return False
+        return True
+
+    def add_tensor(subgraph, name, tensor_type, shape, signature=None, buffer=0, unit_scale=False):
+        tensor = schema.TensorT()
+        tensor.name, tensor.type, tensor.buffer = name, tensor_type, buffer
+        tensor.shape = np.asarray(shape, np.int32)
+        tensor.shapeSignature = None if signature is None else np.asarray(signature, np.int32)
+        if unit_scale:  # int8 read as the integers they are: (q - 0) * 1
+            tensor.quantization = schema.QuantizationParametersT()
+            tensor.quantization.scale, tensor.quantization.zeroPoint = [1.0], [0]
+        subgraph.tensors.append(tensor)
+        return len(subgraph.tensors) - 1
+
+    def add_operator(operator_kind, inputs, outputs, like=None):
+        operator = schema.OperatorT()
+        operator.opcodeIndex = like.opcodeIndex if like is not None else opcode(operator_kind)
+        operator.inputs, operator.outputs = list(inputs), list(outputs)
+        if like is not None:
+            operator.builtinOptionsType, operator.builtinOptions = like.builtinOptionsType, copy.deepcopy(
+                like.builtinOptions)
+        elif operator_kind == builtin.MUL:
+            operator.builtinOptionsType, operator.builtinOptions = schema.BuiltinOptions.MulOptions, schema.MulOptionsT()
+        return operator
+
+    changed = False
+    for graph, subgraph in enumerate(subgraphs):
+        for dequantize in [operator for operator in subgraph.operators if kind(operator) == builtin.DEQUANTIZE]:
+            table = subgraph.tensors[dequantize.inputs[0]]
+            scales = table.quantization.scale if table.quantization is not None else None
+            if (table.type != schema.TensorType.INT8 or len(table.shape) != 2 or scales is None
+                    or len(scales) != table.shape[0] or table.quantization.quantizedDimension != 0
+                    or any(table.quantization.zeroPoint)):
+                continue
+            lookups, loops = [], []
+            if not only_looked_up(graph, dequantize.outputs[0], lookups, loops) or not lookups:
+                continue
+            scales_buffer = schema.BufferT()
+            scales_buffer.data = np.frombuffer(np.asarray(scales, np.float32).tobytes(), np.uint8)
+            flatbuffer.buffers.append(scales_buffer)
+            for lookup_graph, lookup in lookups:
+                owner = subgraphs[lookup_graph]
+                ids, rows = lookup.inputs[1], owner.tensors[lookup.outputs[0]]
+                name = rows.name.decode() if isinstance(rows.name, bytes) else rows.name
+                shape, signature = list(rows.shape), rows.shapeSignature
+                one_per_row = (shape[:-1] + [1], None if signature is None else list(signature)[:-1] + [1])
+                int8_table = add_tensor(owner, name + "/int8_table", schema.TensorType.INT8, table.shape,
+                                        buffer=table.buffer, unit_scale=True)
+                scale_table = add_tensor(owner, name + "/row_scales", schema.TensorType.FLOAT32,
+                                         [table.shape[0], 1], buffer=len(flatbuffer.buffers) - 1)
+                int8_rows = add_tensor(owner, name + "/int8_rows", schema.TensorType.INT8, shape, signature,
+                                       unit_scale=True)
+                unscaled = add_tensor(owner, name + "/unscaled", schema.TensorType.FLOAT32, shape, signature)
+                row_scales = add_tensor(owner, name + "/scales", schema.TensorType.FLOAT32, *one_per_row)
+                position = owner.operators.index(lookup)
+                owner.operators[position:position + 1] = [
+                    add_operator(builtin.GATHER, [int8_table, ids], [int8_rows], like=lookup),
+                    add_operator(builtin.DEQUANTIZE, [int8_rows], [unscaled]),
+                    add_operator(builtin.GATHER, [scale_table, ids], [row_scales], like=lookup),
+                    add_operator(builtin.MUL, [unscaled, row_scales], lookup.outputs),
+                ]
+            # Inner loops first: an outer loop's operand numbers stay as they were until its turn.
+            for loop, operand in reversed(loops):
+                options = loop.builtinOptions
+                body, cond = subgraphs[options.bodySubgraphIndex], subgraphs[options.condSubgraphIndex]
+                for holder, field in ((loop, "inputs"), (loop, "outputs"), (body, "inputs"), (body, "outputs"),
+                                      (cond, "inputs")):
+                    setattr(holder, field, [value for number, value in enumerate(getattr(holder, field))
+                                            if number != operand])
+            subgraph.operators.remove(dequantize)
+            changed = True
+    if not changed:
+        return model
     builder = flatbuffers.Builder(1024)
     builder.Finish(flatbuffer.Pack(builder), file_identifier=b"TFL3")
     return bytes(builder.Output())
