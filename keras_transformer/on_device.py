@@ -154,8 +154,9 @@ class LiteRTModel:
         """Python strings in, translations out, in batches.
 
         `batch_size`: the sentences the file translates at once; default:
-        `DEFAULT_BATCH_SIZE`, fewer for a beam search (the export's
-        `sentences_per_run`, `export.litert.ROWS_PER_RUN`: 16 at beam 4).
+        the export's `sentences_per_run`, `DEFAULT_BATCH_SIZE` or, for a
+        beam search on a large model, fewer (`export.litert.ROWS_PER_RUN`:
+        16 at beam 4 at OPUS-MT-base's size).
         A multilingual export (M2M100, NLLB: `settings["languages"]`) takes
         `source_language` and `target_language`, each a code for every text
         or a list of one code per text; without them it translates the pair

@@ -79,10 +79,14 @@ TEXT_OPERATORS = frozenset({
 # rewrites the settled part once (in order of beam search's rows) and grows it by a chunk. The
 # searches drop their finished sentences there too.
 CHUNK_STEPS = 8
-# The most rows (sentences x the search's rows per sentence) the runner gives the file at once; a
-# larger batch is translated in parts. A step's work over its cache is memory-bound: at beam 4, 16
-# sentences a run (64 rows) ran faster than 32 (their caches stay nearer the cores), and held half
-# the memory (BENCHMARKS.md, "On device").
+# Where a full batch's self-attention cache would grow by more than CACHE_BYTES_PER_POSITION a
+# position, the runner gives the file at most ROWS_PER_RUN rows (sentences x the search's rows per
+# sentence) at once, and a larger batch goes in parts. A beam search's step over a large cache is
+# memory-bound: at beam 4, 16 sentences a run ran as fast as 32 or faster, and held half the memory,
+# on OPUS-MT-base's size (1.5 MiB a position for 32 sentences) and the Multi30k recipe's (0.9 MiB);
+# on the demo run's small model (0.3 MiB) each run's fixed work weighed more, and 32 were faster
+# (BENCHMARKS.md, "On device").
+CACHE_BYTES_PER_POSITION = 512 * 1024
 ROWS_PER_RUN = 64
 # Lowercasing reads at most this many bytes of a text per position of the model's input (the
 # tokenizer cuts at `max_length` tokens anyway). Only a text whose first `max_length` tokens average
@@ -364,14 +368,22 @@ class LiteRTTranslation(LiteRTService):
 
     def settings(self):
         translator = self.translator
-        beam_size = translator.settings.beam_size
-        rows = 1 if beam_size == 1 else beam_rows_per_source(beam_size, translator.settings.keep_greedy)
         return {
             "kind": "translation", **translator.settings.to_config(), "max_source_length": translator.model.max_length,
-            "sentences_per_run": max(1, min(DEFAULT_BATCH_SIZE, ROWS_PER_RUN // rows)),
+            "sentences_per_run": self._sentences_per_run(),
             "lowercase": self.source.lower_case, "max_bytes": self.source.max_bytes,
             **({"languages": translator.languages} if translator.languages else {}),
         }
+
+
+    def _sentences_per_run(self):
+        """The sentences the runner gives the file at once (`CACHE_BYTES_PER_POSITION`, `ROWS_PER_RUN`)."""
+        settings, decoder = self.translator.settings, self.translator.model.decoder
+        rows = 1 if settings.beam_size == 1 else beam_rows_per_source(settings.beam_size, settings.keep_greedy)
+        keys_and_values = 2 * decoder.num_layers * decoder.d_model * 4  # float32, a row's, a position's
+        if DEFAULT_BATCH_SIZE * rows * keys_and_values <= CACHE_BYTES_PER_POSITION:
+            return DEFAULT_BATCH_SIZE
+        return max(1, min(DEFAULT_BATCH_SIZE, ROWS_PER_RUN // rows))
 
 
 class LiteRTClassification(LiteRTService):
