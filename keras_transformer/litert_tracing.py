@@ -16,7 +16,9 @@ TensorFlow; the translations are the same:
   logits cut into blocks: a top-k over the blocks with the largest maxima,
   and a log-softmax normaliser spelled out as a maximum, an exponential, a
   sum and a logarithm, operators that LiteRT hands to XNNPACK, instead of
-  LiteRT's own `LOG_SOFTMAX` kernel and a top-k over the whole vocabulary.
+  LiteRT's own `LOG_SOFTMAX` kernel and a top-k over the whole vocabulary
+  (a vocabulary too small for blocks to pay, or of a size with no divisor
+  to cut it by, keeps the log-softmax, spelled out so, and that top-k).
   The same candidates; the scores may differ from TensorFlow's in their
   last bits.
 """

@@ -453,13 +453,14 @@ def test_searching_on_after_the_beam_is_full_stops_where_hugging_faces_heuristic
 def test_searches_return_what_a_random_step_function_scores_them():
     # A random trigram: the cache must follow every row (and every reordered
     # beam), or the returned scores would not be those of the returned tokens.
+    # Beam 4 keeps 8 candidates a row, more than the vocabulary holds.
     vocab, alpha = 7, 0.6
     table = np.random.default_rng(0).dirichlet(np.full(vocab, 0.5), size=(vocab, vocab)).astype(np.float32)
     first, max_lengths = [3, 4, 5, 6, 0], [1, 3, 4, 5, 6]
     step_fn = toy_step(table)
     greedy = graph_function(lambda cache: greedy_search(step_fn, cache, max_lengths, toy(length_alpha=alpha)))(
         toy_cache(first, 1))
-    for beams in (1, 2, 3):
+    for beams in (1, 2, 3, 4):
         found = graph_function(lambda cache: beam_search(
             step_fn, cache, max_lengths, toy(beam_size=beams, length_alpha=alpha)))(toy_cache(first, beams))
         if beams == 1:

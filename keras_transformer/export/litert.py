@@ -82,10 +82,10 @@ CHUNK_STEPS = 8
 # Where a full batch's self-attention cache would grow by more than CACHE_BYTES_PER_POSITION a
 # position, the runner gives the file at most ROWS_PER_RUN rows (sentences x the search's rows per
 # sentence) at once, and a larger batch goes in parts. A beam search's step over a large cache is
-# memory-bound: at beam 4, 16 sentences a run ran as fast as 32 or faster, and held half the memory,
-# on OPUS-MT-base's size (1.5 MiB a position for 32 sentences) and the Multi30k recipe's (0.9 MiB);
-# on the demo run's small model (0.3 MiB) each run's fixed work weighed more, and 32 were faster
-# (BENCHMARKS.md, "On device").
+# memory-bound: at beam 4, 16 sentences a run ran as fast as 32 or faster on OPUS-MT-base's size (3
+# MiB a position for 32 sentences), where it held half the memory, and on the Multi30k recipe's (0.9
+# MiB, with the greedy path beside the beams); on the demo run's small model (0.3 MiB) each run's
+# fixed work weighed more, and 32 were faster (BENCHMARKS.md, "On device").
 CACHE_BYTES_PER_POSITION = 512 * 1024
 ROWS_PER_RUN = 64
 # Lowercasing reads at most this many bytes of a text per position of the model's input (the
@@ -642,13 +642,13 @@ def int8_lookups(model):
         code = codes[operator.opcodeIndex]
         return max(code.builtinCode, code.deprecatedBuiltinCode)
 
-    def opcode(operator_kind):
-        """The index of `operator_kind`'s code, added where the file has none."""
+    def opcode(operator_kind, version):
+        """The index of a code of `operator_kind` at `version` or above (LiteRT's op_version), added if none is."""
         for index, code in enumerate(codes):
-            if max(code.builtinCode, code.deprecatedBuiltinCode) == operator_kind:
+            if max(code.builtinCode, code.deprecatedBuiltinCode) == operator_kind and code.version >= version:
                 return index
         code = schema.OperatorCodeT()
-        code.builtinCode, code.deprecatedBuiltinCode, code.version = operator_kind, min(operator_kind, 127), 1
+        code.builtinCode, code.deprecatedBuiltinCode, code.version = operator_kind, min(operator_kind, 127), version
         codes.append(code)
         return len(codes) - 1
 
@@ -700,9 +700,12 @@ def int8_lookups(model):
         subgraph.tensors.append(tensor)
         return len(subgraph.tensors) - 1
 
-    def add_operator(operator_kind, inputs, outputs, like=None):
+    def add_operator(operator_kind, inputs, outputs, like=None, version=1):
+        """A new operator: `like`'s options (and its code, unless it needs a higher `version`)."""
         operator = schema.OperatorT()
-        operator.opcodeIndex = like.opcodeIndex if like is not None else opcode(operator_kind)
+        if like is not None:
+            version = max(version, codes[like.opcodeIndex].version)
+        operator.opcodeIndex = opcode(operator_kind, version)
         operator.inputs, operator.outputs = list(inputs), list(outputs)
         if like is not None:
             operator.builtinOptionsType, operator.builtinOptions = like.builtinOptionsType, copy.deepcopy(
@@ -742,8 +745,9 @@ def int8_lookups(model):
                 row_scales = add_tensor(owner, name + "/scales", schema.TensorType.FLOAT32, *one_per_row)
                 position = owner.operators.index(lookup)
                 owner.operators[position:position + 1] = [
-                    add_operator(builtin.GATHER, [int8_table, ids], [int8_rows], like=lookup),
-                    add_operator(builtin.DEQUANTIZE, [int8_rows], [unscaled]),
+                    # An int8 GATHER and an int8 DEQUANTIZE are their operators' version 2 (LiteRT's op_version).
+                    add_operator(builtin.GATHER, [int8_table, ids], [int8_rows], like=lookup, version=2),
+                    add_operator(builtin.DEQUANTIZE, [int8_rows], [unscaled], version=2),
                     add_operator(builtin.GATHER, [scale_table, ids], [row_scales], like=lookup),
                     add_operator(builtin.MUL, [unscaled, row_scales], lookup.outputs),
                 ]

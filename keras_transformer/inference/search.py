@@ -122,9 +122,12 @@ def top_log_probs(logits, k, rules):
 
     Returns:
         `(log_probs (rows, k), ids (rows, k) int32)`, best first; equal
-        log-probabilities in id order, as `tf.math.top_k` gives them.
+        log-probabilities in id order, as `tf.math.top_k` gives them; `k`
+        at most the vocabulary's size.
     """
     vocab_size = logits.shape[-1] or tf.shape(logits)[-1]
+    if logits.shape[-1] is not None:
+        k = min(k, logits.shape[-1])  # a vocabulary smaller than k has that many candidates
     forbidden = _forbidden_row(vocab_size, rules.never)
     never = len(set(rules.never))
     block = _block_size(logits.shape[-1], k + never) if traced_for_litert() else None
@@ -167,9 +170,9 @@ def _top_log_probs_in_blocks(logits, k, block, forbidden, never, renormalize):
     (`m + log(sum(exp(logits - m)))`, as in `log_softmax`); the `k` largest
     logits lie in the `k` blocks with the largest maxima, and a top-k over
     those blocks' logits finds them. Only these candidates are normalised.
-    The forbidden ids are taken out among the candidates (`k` more of them,
-    in case they are the largest), unless `renormalize` takes them out of
-    the normaliser too.
+    The forbidden ids are taken out among the candidates (`never` more of
+    them, one for each forbidden id, in case they are the largest), unless
+    `renormalize` takes them out of the normaliser too.
     """
     if renormalize:
         logits, never = logits + forbidden, 0
@@ -232,7 +235,9 @@ def log_softmax(logits):
     still right after XNNPACK's int8 matrix products, which leave the AVX-512
     registers' upper halves in use (the CPU then makes every SSE instruction
     wait on them). Over a batch of 32 rows of 58,101 logits the spelled-out
-    form took a fraction of `LOG_SOFTMAX`'s time (BENCHMARKS.md, "On device").
+    form took a fraction of `LOG_SOFTMAX`'s time (`benchmarks/litert_log_softmax.py`).
+    LiteRT's searches use it where their vocabulary is not cut into blocks
+    (`top_log_probs`).
     The converter recognises `(logits - m) - log(sum(exp(logits - m)))` as
     `LOG_SOFTMAX` and fuses it back; this order of operations it leaves.
     """
@@ -610,7 +615,8 @@ class BeamSearch:
     def _extend_beams(self, state, candidates, position, max_lengths):
         """Extend the live hypotheses by their best tokens; set the ended ones aside; keep the best `beam_size` live.
 
-        `candidates`: `(log_probs, ids)`, each `(rows, 2 * beam_size)`, a
+        `candidates`: `(log_probs, ids)`, each `(rows, 2 * beam_size)` (or
+        the vocabulary's size, where that is smaller), a
         sentence's `rows_per_source` rows next to each other, its beams
         first. Returns `(state, beams done (sentences,), parents, next
         tokens)`, parents the beam each next token extends, `(sentences,
@@ -619,6 +625,7 @@ class BeamSearch:
         beam_size, rows_per_source = self.beam_size, self.rows_per_source
         candidates_kept = 2 * beam_size  # enough that beam_size of them did not end
         log_probs, ids = candidates
+        per_row = log_probs.shape[-1]  # candidates_kept, or fewer in a smaller vocabulary
         # Every row's hypothesis' log-probability added to its candidates (0 to the greedy row's), then
         # a sentence's rows as one, cut to its beams' candidates. Reshaped with -1 for the sentences:
         # LiteRT then knows every size when it prepares the loop, not only when it runs a step (which
@@ -626,12 +633,12 @@ class BeamSearch:
         row_log_probs = tf.pad(state.live_log_probs, [[0, 0], [0, rows_per_source - beam_size]])
 
         def per_sentence(values):  # (rows, candidates) -> (sentences, its beams' candidates)
-            values = tf.reshape(values, [-1, rows_per_source * candidates_kept])
-            return values[:, :beam_size * candidates_kept] if rows_per_source > beam_size else values
+            values = tf.reshape(values, [-1, rows_per_source * per_row])
+            return values[:, :beam_size * per_row] if rows_per_source > beam_size else values
 
         extensions = per_sentence(log_probs + tf.reshape(row_log_probs, [-1, 1]))
         top_log_probs, top = tf.math.top_k(extensions, k=candidates_kept)
-        beam_index, tokens = top // candidates_kept, tf.gather(per_sentence(ids), top, batch_dims=1)
+        beam_index, tokens = top // per_row, tf.gather(per_sentence(ids), top, batch_dims=1)
         top_sequences = write_column(tf.gather(state.live, beam_index, batch_dims=1), position, tokens)
         ends = (tokens == self.end_id) | (position + 1 >= max_lengths[:, None])
 
@@ -659,7 +666,8 @@ def beam_search(step_fn, cache, max_lengths, settings, context=(), drop_finished
     """Keep the `beam_size` most probable hypotheses at every step; return the best.
 
     At each step the live hypotheses are extended by every token and the
-    `2 * beam_size` most probable extensions are kept. Those that end
+    `2 * beam_size` most probable extensions are kept (they lie among each
+    row's `2 * beam_size` most probable tokens, `top_log_probs`). Those that end
     ([END], or the sentence's length limit) among the first `beam_size` are
     final: they are set aside, where longer hypotheses can no longer push
     them out. The best `beam_size` that did not end stay live. A sentence is
