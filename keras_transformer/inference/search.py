@@ -351,10 +351,11 @@ def _drop_finished(finished, sentences, answers, results, per_sentence, per_row,
 
 
 # A cache that settles in chunks of steps (LiteRT's two-part cache, `inference.steps`): the search
-# runs `steps` steps in a loop of their own, then calls `settle(cache, start)` once, `start` being
-# the chunk's first output position. Within a chunk the step functions leave the settled part as
-# they got it, and beam search reorders the cache's rows with `reorder(cache, parents)`, which
-# leaves it too (each row remembers which settled row it continues; the settle puts them in order).
+# runs `steps` steps in a loop of their own, then calls `settle(cache, start[, rows])` once, `start`
+# being the chunk's first output position and `rows` those to keep. Within a chunk the step functions
+# leave the settled part as they got it, and beam search reorders the cache's rows with
+# `reorder(cache, parents)`, which leaves it too (each row remembers which settled row it continues;
+# the settle puts them in order, and beam search's finished sentences leave in that same gather).
 # The searches drop their finished sentences between chunks, so that every shape stays as it is
 # within one: LiteRT then plans the chunk's loop once (re-planning it once a chunk, as the cache
 # grows and the batch shrinks, not at every step), and hands a value the step leaves alone from
@@ -418,6 +419,16 @@ def _search(strategy, step_fn, cache, max_lengths, context, drop_finished, first
             step, sentences, cache, context, last, state, results = tf.while_loop(
                 lambda step, *carry: (step < start + chunks.steps) & not_done(step, *carry), one_step,
                 (step, *carry), shape_invariants=shapes)
+            if drop_finished and strategy.reorders_rows:
+                # Beam search's settle gathers every settled row anyway: the finished sentences' rows
+                # leave in that gather, with no conditional (LiteRT's `IF` copies what it is given).
+                finished = strategy.finished(state)
+                kept, kept_rows = _unfinished(finished, rows_per_source)
+                results = _set_aside(results, tf.boolean_mask(sentences.places, finished),
+                                     _take(strategy.answers(state), tf.where(finished)[:, 0]))
+                sentences, state, context = _take((sentences, state, context), kept)
+                return step, sentences, chunks.settle(cache, start, kept_rows), context, _take(last, kept_rows), \
+                    state, results
             if drop_finished:  # first: the settle then copies fewer rows
                 results, (sentences, (state, context)), (cache, last) = _drop_finished(
                     strategy.finished(state), sentences, lambda: strategy.answers(state), results, (state, context),

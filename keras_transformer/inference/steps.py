@@ -102,9 +102,9 @@ def two_part_cache(cache, chunk_steps):
             for keys, values in cache]
 
 
-def settle_chunk(cache, start):
-    """Every layer's two-part cache settled after the chunk that began at output position `start`."""
-    return [settle_recent(layer, start) for layer in cache]
+def settle_chunk(cache, start, rows=None):
+    """Every layer's two-part cache settled after the chunk that began at output position `start`, keeping `rows`."""
+    return [settle_recent(layer, start, rows) for layer in cache]
 
 
 def reorder_chunk(cache, parents):
