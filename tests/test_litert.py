@@ -77,7 +77,14 @@ def test_a_beam_search_file_translates_a_large_batch_in_parts_as_it_would_at_onc
     beam = LiteRTModel(tmp_path / "beam")
     assert beam.settings["keep_greedy"] and beam.settings["sentences_per_run"] == litert.ROWS_PER_RUN // 5
     texts = SENTENCES[:40]
-    in_parts, at_once = beam.translate(texts), beam.translate(texts, batch_size=len(texts))
+    runs = []  # the batches the file is given, seen on their way in
+    answer = LiteRTModel._answer
+    monkeypatch.setattr(LiteRTModel, "_answer", staticmethod(lambda runner, batch, **inputs: (
+        runs.append(len(batch)), answer(runner, batch, **inputs))[1]))
+    in_parts = beam.translate(texts)
+    assert runs == [12, 12, 12, 4]
+    at_once = beam.translate(texts, batch_size=len(texts))
+    assert runs[4:] == [40]
     assert sum(a == b for a, b in zip(in_parts, at_once)) >= 0.97 * len(texts), list(zip(in_parts, at_once))
 
 

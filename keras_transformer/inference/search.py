@@ -314,9 +314,8 @@ def _drop_finished(finished, sentences, answers, results, per_sentence, per_row,
         results: the whole batch's `(tokens, scores)` so far.
         per_sentence: the search's state and the context, sentences on axis 0.
         per_row: `[structure, ...]`, `rows_per_source` rows a sentence on
-            axis 0: the cache where the search does not gather it anyway
-            (greedy search's; beam search's between chunks), and between
-            chunks the last tokens.
+            axis 0: greedy search's cache (beam search gathers its own), and
+            between chunks the last tokens.
         rows_per_source: the rows of a sentence.
 
     Returns:
@@ -325,17 +324,23 @@ def _drop_finished(finished, sentences, answers, results, per_sentence, per_row,
     """
 
     def drop():
-        places = tf.boolean_mask(sentences.places, finished)
-        found = _take(answers(), tf.where(finished)[:, 0])
-        kept, kept_rows = _unfinished(finished, rows_per_source)
-        return (_set_aside(results, places, found), _take((sentences, per_sentence), kept),
-                [_take(structure, kept_rows) for structure in per_row])
+        results_now, kept, kept_rows = _leave(finished, sentences, answers, results, per_sentence, rows_per_source)
+        return results_now, kept, [_take(structure, kept_rows) for structure in per_row]
 
     def keep_all():
         return results, (sentences, per_sentence), list(per_row)
 
     # Most steps finish no sentence: the gathers run only on those that do.
     return tf.cond(tf.reduce_any(finished), drop, keep_all)
+
+
+def _leave(finished, sentences, answers, results, per_sentence, rows_per_source):
+    """`_drop_finished` without a conditional, for per-row values cut elsewhere: `(results, (sentences,
+    per_sentence), kept rows)`, the kept rows' indices for the caller to cut its own by."""
+    places = tf.boolean_mask(sentences.places, finished)
+    found = _take(answers(), tf.where(finished)[:, 0])
+    kept, kept_rows = _unfinished(finished, rows_per_source)
+    return _set_aside(results, places, found), _take((sentences, per_sentence), kept), kept_rows
 
 
 # -- one loop, two strategies ----------------------------------------------------------
@@ -422,11 +427,9 @@ def _search(strategy, step_fn, cache, max_lengths, context, drop_finished, first
             if drop_finished and strategy.reorders_rows:
                 # Beam search's settle gathers every settled row anyway: the finished sentences' rows
                 # leave in that gather, with no conditional (LiteRT's `IF` copies what it is given).
-                finished = strategy.finished(state)
-                kept, kept_rows = _unfinished(finished, rows_per_source)
-                results = _set_aside(results, tf.boolean_mask(sentences.places, finished),
-                                     _take(strategy.answers(state), tf.where(finished)[:, 0]))
-                sentences, state, context = _take((sentences, state, context), kept)
+                results, (sentences, (state, context)), kept_rows = _leave(
+                    strategy.finished(state), sentences, lambda: strategy.answers(state), results, (state, context),
+                    rows_per_source)
                 return step, sentences, chunks.settle(cache, start, kept_rows), context, _take(last, kept_rows), \
                     state, results
             if drop_finished:  # first: the settle then copies fewer rows

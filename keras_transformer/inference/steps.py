@@ -103,8 +103,21 @@ def two_part_cache(cache, chunk_steps):
 
 
 def settle_chunk(cache, start, rows=None):
-    """Every layer's two-part cache settled after the chunk that began at output position `start`, keeping `rows`."""
-    return [settle_recent(layer, start, rows) for layer in cache]
+    """Every layer's two-part cache settled after the chunk that began at output position `start`.
+
+    `rows`: the rows to keep, in this order (the others leave: a search's
+    finished sentences); default: all. Where each row reads its settled row
+    through an offset (`reorder_chunk`), they leave in the settle's own
+    gather: only their recent part and offsets are cut here.
+    """
+    if rows is not None:
+        if len(cache[0]) == 4:  # no offsets: every part is cut
+            cache = [tuple(tf.gather(part, rows) for part in layer) for layer in cache]
+        else:  # each kept row's settled row, from its new place; computed once, from the first layer's
+            offsets = tf.gather(cache[0][4], rows) + rows - tf.range(tf.shape(rows)[0])
+            cache = [(keys, values, tf.gather(recent_keys, rows), tf.gather(recent_values, rows), offsets)
+                     for keys, values, recent_keys, recent_values, _ in cache]
+    return [settle_recent(layer, start) for layer in cache]
 
 
 def reorder_chunk(cache, parents):

@@ -131,21 +131,9 @@ def _write_in_place(cached, new, cache_index):
 # graph traced for LiteRT (`litert_tracing`) uses it.
 
 
-def settle_recent(cache, start, rows=None):
-    """A two-part cache with its recent part written into the settled one at position `start`, and a chunk more room.
-
-    `rows`: the rows to keep, in this order (the others leave: a search's
-    finished sentences), in the same gather that puts the settled rows in
-    order; default: all.
-    """
+def settle_recent(cache, start):
+    """A two-part cache with its recent part written into the settled one at position `start`, and a chunk more room."""
     keys, values, recent_keys, recent_values, *settled_offsets = cache
-    if rows is not None:
-        recent_keys, recent_values = (ops.take(part, rows, axis=0) for part in (recent_keys, recent_values))
-        if settled_offsets:
-            settled_offsets = [ops.take(settled_offsets[0], rows, axis=0) + rows - ops.arange(
-                ops.shape(rows)[0], dtype=rows.dtype)]
-        else:
-            keys, values = (ops.take(part, rows, axis=0) for part in (keys, values))
     if settled_offsets:  # each row's settled row, in the row's place; from now on each row continues its own
         keys, values = (_settled_rows(part, settled_offsets[0]) for part in (keys, values))
         settled_offsets = [ops.zeros_like(settled_offsets[0])]
