@@ -366,3 +366,33 @@ def test_sigterm_saves_after_the_step_under_way_or_at_the_epochs_end(tmp_path, s
     assert (state.epoch, state.batches_done) == stopped_at
     assert signal.getsignal(signal.SIGTERM) == handler_before, "the SIGTERM handler was left installed"
     assert [name for name in os.listdir(tmp_path / "backup") if name.endswith(".h5")] == [state.weights]
+
+
+def test_a_backup_save_cut_short_by_a_kill_leaves_nothing_once_training_goes_on(tmp_path):
+    # A process killed (SIGKILL) in the middle of writing a backup's weights leaves
+    # its hidden staging file; the next save of the resumed run takes it away.
+    import os
+    import signal
+
+    from keras_transformer import saving
+
+    backup_dir = tmp_path / "backup"
+    _ema_run([training.TrainingBackup(str(backup_dir))], epochs=1)
+
+    def write_half_then_die(path):
+        with open(path, "wb") as half:
+            half.write(b"\x89HDF half a file")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    child = os.fork()
+    if child == 0:  # the killed process
+        saving.replace_whole(str(backup_dir / "epoch-00001-batch-0000003.weights.h5"), write_half_then_die)
+        os._exit(0)  # never reached
+    _, status = os.waitpid(child, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    assert [name for name in os.listdir(backup_dir) if name.startswith(".incomplete-")]
+
+    _ema_run([training.TrainingBackup(str(backup_dir))], epochs=2)
+    state = training.read_backup(str(backup_dir))
+    assert state.epoch == 2
+    assert [name for name in os.listdir(backup_dir) if name.endswith(".h5")] == [state.weights]

@@ -240,9 +240,12 @@ class TrainingBackup(keras.callbacks.Callback):
             ],
         )
         saving.write_json(os.path.join(self.backup_dir, STATE), dataclasses.asdict(state))
-        # Only now are older weights files no longer named by the state.
+        # Only now are older weights files no longer named by the state. A
+        # hidden `.incomplete-*` file is a save a kill cut short (`replace_whole`):
+        # the backup directory is this callback's alone, so no save is under way.
         for name in os.listdir(self.backup_dir):
-            if name.endswith(".weights.h5") and name != weights and name.startswith("epoch-"):
+            older = name.startswith("epoch-") and name != weights
+            if name.endswith(".weights.h5") and (older or name.startswith(".incomplete-")):
                 os.remove(os.path.join(self.backup_dir, name))
         self._steps_since_saving = 0
 
