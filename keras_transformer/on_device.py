@@ -164,7 +164,8 @@ class LiteRTModel:
         """
         self._require("translation", "translate")
         texts = _checked_texts(texts)
-        batch_size = batch_size or self.settings.get("sentences_per_run", DEFAULT_BATCH_SIZE)
+        batch_size = _checked_batch_size(self.settings.get("sentences_per_run", DEFAULT_BATCH_SIZE)
+                                         if batch_size is None else batch_size)
         if source_language is None and target_language is None:
             return [text.decode("utf-8") for batch in _batches(texts, batch_size)
                     for text in self._answer(self._runner, batch)["translation"]]
@@ -197,7 +198,7 @@ class LiteRTModel:
         """`[(label, its probability)]`, one per text (as `keras-transformer classify` prints them)."""
         self._require("classification", "classify")
         results = []
-        for batch in _batches(_checked_texts(texts), batch_size):
+        for batch in _batches(_checked_texts(texts), _checked_batch_size(batch_size)):
             outputs = self._answer(self._runner, batch)
             results.extend((label.decode("utf-8"), float(row.max()))
                            for label, row in zip(outputs["label"], outputs["probabilities"]))
@@ -262,6 +263,13 @@ def _checked_texts(texts):
             raise ValueError(f"texts must be a list of strings; one is {type(text).__name__}")
         checked.append(unicodedata.normalize("NFC", text).encode("utf-8"))
     return np.array(checked, dtype=object).reshape([len(checked)])
+
+
+def _checked_batch_size(batch_size):
+    """`batch_size` if it is a whole number of texts, at least 1, or a one-line ValueError."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(f"batch_size must be a whole number of texts, at least 1; got {batch_size!r}")
+    return int(batch_size)
 
 
 def _batches(texts, batch_size):

@@ -234,6 +234,12 @@ def test_malformed_requests_are_answered_or_refused_in_one_line_and_the_interpre
         with pytest.raises(ValueError, match=message) as refused:
             model.translate(bad)
         assert "\n" not in str(refused.value)
+    # A batch of no texts, fewer than none or a part of one would translate nothing, or loop forever.
+    for bad in (0, -1, 1.5, "8"):
+        with pytest.raises(ValueError, match="batch_size must be a whole number of texts, at least 1") as refused:
+            model.translate(["The dog runs."], batch_size=bad)
+        assert "\n" not in str(refused.value)
+    assert model.translate(["The dog runs."], batch_size=np.int64(1)) == expected
     assert model.translate(["The dog runs."]) == expected
 
 
