@@ -1,7 +1,7 @@
 """On-device translation: the LiteRT file against our SavedModel and CTranslate2, text in and text out.
 
     python benchmarks/litert.py RUN_DIR [--sentences 128] [--threads 2]
-    python benchmarks/litert.py --opus-mt-base [--sentences 32]
+    python benchmarks/litert.py --opus-mt-base [--sentences 32] [--rounds 3]
     python benchmarks/litert.py --bpe-tokenizer [--vocab-size 32000]
 
 Exports the run (a trained translation run: the demo's, or the Multi30k
@@ -13,6 +13,10 @@ sentence at a time) and at batch 32, each timed over two rounds (the
 faster kept). Prints one JSON line per road with sentences/s, peak RSS,
 seconds to the first translation, file size and BLEU against the
 references; BENCHMARKS.md has the figures and the CPU they came from.
+`--rounds N` runs every road's process N times, the roads in turn and every
+other round in reverse order, and prints each figure's median, with the
+rates of every round (`batch1_rounds`, `batch32_rounds`): a machine that
+slows down or speeds up between processes then moves every road alike.
 
 `--bpe-tokenizer` times the tokenizer alone, as M2M100's and NLLB's files run
 it: a BPE SentencePiece model learned from Multi30k (`--vocab-size`), its
@@ -31,6 +35,7 @@ tokens, the same work for each; its BLEU means nothing.
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -196,6 +201,7 @@ def main():
     parser.add_argument("--opus-mt-base", action="store_true", help="an imported checkpoint of OPUS-MT-base's shape")
     parser.add_argument("--sentences", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1, help="each road's process this many times, in turn")
     parser.add_argument("--max-output-length", type=int, default=None)
     parser.add_argument("--bpe-tokenizer", action="store_true", help="the tokenizers alone: BPE against unigram")
     parser.add_argument("--vocab-size", type=int, default=32000, help="--bpe-tokenizer: the models' size")
@@ -236,10 +242,14 @@ def main():
                                              max_output_length=arguments.max_output_length)
         roads["ctranslate2_int8_beam1"] = roads["ctranslate2_int8_beam4"] = ct2
         references = [target for _, target in pairs]
+        runs = {road: [] for road in roads}
+        for round_index in range(arguments.rounds):
+            for road in list(roads) if round_index % 2 == 0 else list(roads)[::-1]:
+                result = subprocess.run([sys.executable, "-c", _ROAD, road, roads[road], str(arguments.threads),
+                                         sentences_file], capture_output=True, text=True, check=True)
+                runs[road].append(json.loads(result.stdout.splitlines()[-1]))
         for road, path in roads.items():
-            result = subprocess.run([sys.executable, "-c", _ROAD, road, path, str(arguments.threads), sentences_file],
-                                    capture_output=True, text=True, check=True)
-            row = json.loads(result.stdout.splitlines()[-1])
+            row = _median_row(runs[road])
             translations = row.pop("translations")
             size_path = os.path.join(path, "model.tflite") if road.startswith("litert") else path
             if road.startswith("saved_model"):
@@ -248,6 +258,17 @@ def main():
             if any(references):
                 row["bleu"] = round(sacrebleu.corpus_bleu(translations, [references]).score, 2)
             print(json.dumps(row), flush=True)
+
+
+def _median_row(rows):
+    """One road's processes as one row: each figure's median, and with more than one, the rates of each."""
+    row = dict(rows[0])
+    for name, digits in (("load_s", 2), ("first_s", 3), ("batch1", 2), ("batch32", 2), ("peak_rss_mib", 0)):
+        row[name] = round(statistics.median(each[name] for each in rows), digits)
+    if len(rows) > 1:
+        row["batch1_rounds"] = [each["batch1"] for each in rows]
+        row["batch32_rounds"] = [each["batch32"] for each in rows]
+    return row
 
 
 if __name__ == "__main__":
