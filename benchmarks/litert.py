@@ -211,6 +211,8 @@ def main():
         return
     if bool(arguments.run_dir) == arguments.opus_mt_base:
         parser.error("give RUN_DIR, --opus-mt-base or --bpe-tokenizer")
+    if arguments.rounds < 1:
+        parser.error("--rounds must be at least 1")
 
     import sacrebleu
 
@@ -261,13 +263,19 @@ def main():
 
 
 def _median_row(rows):
-    """One road's processes as one row: each figure's median, and with more than one, the rates of each."""
+    """One road's processes as one row: each figure's median, and with more than one, the rates of each.
+
+    The translations are the first process's; `translations_alike` says
+    whether every process gave the same.
+    """
     row = dict(rows[0])
-    for name, digits in (("load_s", 2), ("first_s", 3), ("batch1", 2), ("batch32", 2), ("peak_rss_mib", 0)):
+    for name, digits in (("load_s", 2), ("first_s", 3), ("batch1", 2), ("batch32", 2)):
         row[name] = round(statistics.median(each[name] for each in rows), digits)
+    row["peak_rss_mib"] = int(statistics.median(each["peak_rss_mib"] for each in rows))
     if len(rows) > 1:
         row["batch1_rounds"] = [each["batch1"] for each in rows]
         row["batch32_rounds"] = [each["batch32"] for each in rows]
+        row["translations_alike"] = all(each["translations"] == rows[0]["translations"] for each in rows)
     return row
 
 

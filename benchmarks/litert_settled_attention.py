@@ -115,26 +115,35 @@ def inputs(sentences, beams, positions, heads, head_dim, layers):
     }
 
 
-def convert(function, arrays, path):
+def input_names(layers):
+    """The files' inputs, in the functions' order: each named, so that the interpreter's are matched by name."""
+    return ["offsets", "queries", *(f"keys_{layer}" for layer in range(layers)),
+            *(f"values_{layer}" for layer in range(layers))]
+
+
+def convert(function, arrays, names, path):
     import tensorflow as tf
 
-    signature = [tf.TensorSpec(array.shape, tf.as_dtype(array.dtype)) for array in arrays]
+    signature = [tf.TensorSpec(array.shape, tf.as_dtype(array.dtype), name=name) for array, name in zip(arrays, names)]
     traced = tf.function(function, input_signature=signature)
     converter = tf.lite.TFLiteConverter.from_concrete_functions([traced.get_concrete_function()], traced)
     with open(path, "wb") as file:
         file.write(converter.convert())
 
 
-def interpreter_job(path, arrays, threads, calls):
+def interpreter_job(path, arrays, names, threads, calls):
     """`job()` that invokes the file `calls` times on `arrays`, copied in once, and returns its output."""
     from ai_edge_litert.interpreter import Interpreter
 
     interpreter = Interpreter(model_path=path, num_threads=threads)
     interpreter.allocate_tensors()
-    for detail, array in zip(sorted(interpreter.get_input_details(), key=lambda detail: detail["index"]), arrays):
-        if tuple(detail["shape"]) != array.shape:
-            raise SystemExit(f"{path}: input {detail['name']} is {tuple(detail['shape'])}, not {array.shape}")
-        interpreter.set_tensor(detail["index"], array)
+    # The converter names an input after its argument, with a prefix and a ":0" at most.
+    by_name = {detail["name"].split(":")[0].rsplit("serving_default_", 1)[-1]: detail
+               for detail in interpreter.get_input_details()}
+    for name, array in zip(names, arrays):
+        if name not in by_name:
+            raise SystemExit(f"{path}: no input named {name} (it has {sorted(by_name)})")
+        interpreter.set_tensor(by_name[name]["index"], array)
     output = interpreter.get_output_details()[0]["index"]
 
     def job():
@@ -159,11 +168,11 @@ def main():
         for positions in args.positions:
             functions = step_functions(args.sentences, args.beams, positions, args.layers)
             arrays = inputs(args.sentences, args.beams, positions, args.heads, args.head_dim, args.layers)
-            jobs = {}
+            names, jobs = input_names(args.layers), {}
             for index, form in enumerate(FORMS):
                 path = os.path.join(directory, f"form{index}-{positions}.tflite")
-                convert(functions[form], arrays[form], path)
-                jobs[form] = interpreter_job(path, arrays[form], args.threads, CALLS)
+                convert(functions[form], arrays[form], names, path)
+                jobs[form] = interpreter_job(path, arrays[form], names, args.threads, CALLS)
             first = {form: job() for form, job in jobs.items()}  # untimed: the first invocations prepare
             seconds, _ = alternating_rounds(jobs, ROUNDS)
             milliseconds = {form: statistics.median(values) / CALLS * 1e3 for form, values in seconds.items()}

@@ -194,11 +194,15 @@ class LiteRTModel:
                              f"{', '.join(languages[:4])}, ...); got {', '.join(unknown[:4])}")
         return np.array([code.encode("utf-8") for code in codes], dtype=object).reshape([count])
 
-    def classify(self, texts, batch_size=DEFAULT_BATCH_SIZE):
-        """`[(label, its probability)]`, one per text (as `keras-transformer classify` prints them)."""
+    def classify(self, texts, batch_size=None):
+        """`[(label, its probability)]`, one per text (as `keras-transformer classify` prints them).
+
+        `batch_size`: the texts the file classifies at once; default: `DEFAULT_BATCH_SIZE`.
+        """
         self._require("classification", "classify")
         results = []
-        for batch in _batches(_checked_texts(texts), _checked_batch_size(batch_size)):
+        batch_size = _checked_batch_size(DEFAULT_BATCH_SIZE if batch_size is None else batch_size)
+        for batch in _batches(_checked_texts(texts), batch_size):
             outputs = self._answer(self._runner, batch)
             results.extend((label.decode("utf-8"), float(row.max()))
                            for label, row in zip(outputs["label"], outputs["probabilities"]))
@@ -268,7 +272,8 @@ def _checked_texts(texts):
 def _checked_batch_size(batch_size):
     """`batch_size` if it is a whole number of texts, at least 1, or a one-line ValueError."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise ValueError(f"batch_size must be a whole number of texts, at least 1; got {batch_size!r}")
+        shown = repr(batch_size) if isinstance(batch_size, (int, float, str, np.generic)) else type(batch_size).__name__
+        raise ValueError(f"batch_size must be a whole number of texts, at least 1; got {shown}")
     return int(batch_size)
 
 

@@ -235,7 +235,7 @@ def test_malformed_requests_are_answered_or_refused_in_one_line_and_the_interpre
             model.translate(bad)
         assert "\n" not in str(refused.value)
     # A batch of no texts, fewer than none or a part of one would translate nothing, or loop forever.
-    for bad in (0, -1, 1.5, "8"):
+    for bad in (0, -1, 1.5, "8", np.ones((2, 2), int)):
         with pytest.raises(ValueError, match="batch_size must be a whole number of texts, at least 1") as refused:
             model.translate(["The dog runs."], batch_size=bad)
         assert "\n" not in str(refused.value)

@@ -369,8 +369,9 @@ def test_sigterm_saves_after_the_step_under_way_or_at_the_epochs_end(tmp_path, s
 
 
 def test_a_backup_save_cut_short_by_a_kill_leaves_nothing_once_training_goes_on(tmp_path):
-    # A process killed (SIGKILL) in the middle of writing a backup's weights leaves
-    # its hidden staging file; the next save of the resumed run takes it away.
+    # Processes killed (SIGKILL) in the middle of writing a backup's weights and its state
+    # leave their hidden staging files; the next save of the resumed run takes them away,
+    # and only them: a file staged after training began is a live save's.
     import os
     import signal
 
@@ -381,18 +382,25 @@ def test_a_backup_save_cut_short_by_a_kill_leaves_nothing_once_training_goes_on(
 
     def write_half_then_die(path):
         with open(path, "wb") as half:
-            half.write(b"\x89HDF half a file")
+            half.write(b"half a file")
         os.kill(os.getpid(), signal.SIGKILL)
 
-    child = os.fork()
-    if child == 0:  # the killed process
-        saving.replace_whole(str(backup_dir / "epoch-00001-batch-0000003.weights.h5"), write_half_then_die)
-        os._exit(0)  # never reached
-    _, status = os.waitpid(child, 0)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-    assert [name for name in os.listdir(backup_dir) if name.startswith(".incomplete-")]
+    for name in ("epoch-00001-batch-0000003.weights.h5", "state.json"):
+        child = os.fork()
+        if child == 0:  # the killed process
+            signal.alarm(30)  # ends a child that hangs, and the test with it
+            saving.replace_whole(str(backup_dir / name), write_half_then_die)
+            os._exit(0)  # never reached
+        _, status = os.waitpid(child, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    left_by_kills = sorted(name for name in os.listdir(backup_dir) if name.startswith(".incomplete-"))
+    assert sorted(name.rsplit(".", 1)[-1] for name in left_by_kills) == ["h5", "json"]
 
-    _ema_run([training.TrainingBackup(str(backup_dir))], epochs=2)
+    class SaveUnderWay(keras.callbacks.Callback):  # another writer's staging file, after training began
+        def on_train_begin(self, logs=None):
+            (backup_dir / ".incomplete-live.weights.h5").write_bytes(b"being written")
+
+    _ema_run([training.TrainingBackup(str(backup_dir)), SaveUnderWay()], epochs=2)
     state = training.read_backup(str(backup_dir))
     assert state.epoch == 2
-    assert [name for name in os.listdir(backup_dir) if name.endswith(".h5")] == [state.weights]
+    assert sorted(os.listdir(backup_dir)) == sorted([".incomplete-live.weights.h5", state.weights, "state.json"])

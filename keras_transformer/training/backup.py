@@ -41,6 +41,7 @@ epoch's metric sums only: across workers a resumed epoch's logged training
 metrics start afresh (weights, optimizer, data and dropout are exact).
 """
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -138,6 +139,7 @@ class TrainingBackup(keras.callbacks.Callback):
         self._training = False
         self._epoch = 0
         self._stop_before_next_epoch = False
+        self._left_by_a_kill = []
 
     # -- restoring -------------------------------------------------------------------
 
@@ -145,6 +147,10 @@ class TrainingBackup(keras.callbacks.Callback):
         state = read_backup(self.backup_dir)
         self._signal = None
         self._stop_before_next_epoch = False
+        # A save a kill cut short leaves its hidden staging file (`saving.replace_whole`); those
+        # here now are gone with the next save. Only those: a file staged later is a live save's.
+        self._left_by_a_kill = [name for name in os.listdir(self.backup_dir) if name.startswith(".incomplete-")] \
+            if os.path.isdir(self.backup_dir) else []
         if self.stop_on_sigterm and not self._training:
             # `fit` skips `on_train_end` when it fails: whoever calls fit calls
             # `stop_handling_signals()` then (`runs.run_dir.fit` does).
@@ -240,13 +246,14 @@ class TrainingBackup(keras.callbacks.Callback):
             ],
         )
         saving.write_json(os.path.join(self.backup_dir, STATE), dataclasses.asdict(state))
-        # Only now are older weights files no longer named by the state. A
-        # hidden `.incomplete-*` file is a save a kill cut short (`replace_whole`):
-        # the backup directory is this callback's alone, so no save is under way.
+        # Only now are older weights files no longer named by the state.
         for name in os.listdir(self.backup_dir):
-            older = name.startswith("epoch-") and name != weights
-            if name.endswith(".weights.h5") and (older or name.startswith(".incomplete-")):
+            if name.endswith(".weights.h5") and name != weights and name.startswith("epoch-"):
                 os.remove(os.path.join(self.backup_dir, name))
+        for name in self._left_by_a_kill:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(self.backup_dir, name))
+        self._left_by_a_kill = []
         self._steps_since_saving = 0
 
     # -- stopping on SIGTERM -----------------------------------------------------------
