@@ -375,7 +375,6 @@ class LiteRTTranslation(LiteRTService):
             **({"languages": translator.languages} if translator.languages else {}),
         }
 
-
     def _sentences_per_run(self):
         """The sentences the runner gives the file at once (`CACHE_BYTES_PER_POSITION`, `ROWS_PER_RUN`)."""
         settings, decoder = self.translator.settings, self.translator.model.decoder
