@@ -356,9 +356,9 @@ def _leave(finished, sentences, answers, results, per_sentence, rows_per_source)
 
 
 # A cache that settles in chunks of steps (LiteRT's two-part cache, `inference.steps`): the search
-# runs `steps` steps in a loop of their own, then calls `settle(cache, start[, rows])` once, `start`
-# being the chunk's first output position and `rows` those to keep. Within a chunk the step functions
-# leave the settled part as they got it, and beam search reorders the cache's rows with
+# runs `steps` steps in a loop of their own, then calls `settle(cache[, rows])` once, `rows` being
+# those to keep (only a search's last chunk is cut short, and what it settles is never read). Within
+# a chunk the step functions leave the settled part as they got it, and beam search reorders the cache's rows with
 # `reorder(cache, parents)`, which leaves it too (each row remembers which settled row it continues;
 # the settle puts them in order, and beam search's finished sentences leave in that same gather).
 # The searches drop their finished sentences between chunks, so that every shape stays as it is
@@ -430,13 +430,13 @@ def _search(strategy, step_fn, cache, max_lengths, context, drop_finished, first
                 results, (sentences, (state, context)), kept_rows = _leave(
                     strategy.finished(state), sentences, lambda: strategy.answers(state), results, (state, context),
                     rows_per_source)
-                return step, sentences, chunks.settle(cache, start, kept_rows), context, _take(last, kept_rows), \
+                return step, sentences, chunks.settle(cache, kept_rows), context, _take(last, kept_rows), \
                     state, results
             if drop_finished:  # first: the settle then copies fewer rows
                 results, (sentences, (state, context)), (cache, last) = _drop_finished(
                     strategy.finished(state), sentences, lambda: strategy.answers(state), results, (state, context),
                     [cache, last], rows_per_source)
-            return step, sentences, chunks.settle(cache, start), context, last, state, results
+            return step, sentences, chunks.settle(cache), context, last, state, results
 
     _, sentences, _, _, _, state, results = tf.while_loop(not_done, loop_body, initial, shape_invariants=shapes)
     # Without drop_finished every sentence is still here; with it, none is.

@@ -88,22 +88,21 @@ def grow_cache(cache, index, max_length):
 def two_part_cache(cache, chunk_steps):
     """Empty self-attention caches, `(keys, values)` a layer, in two parts (`layers.cached_attention.settle_recent`).
 
-    The settled part keeps the room of `cache` (`chunk_steps` positions,
-    `settle_recent` grows it a chunk at a time), the recent part has room
-    for `chunk_steps` positions; values with
-    their positions last.
+    The settled part starts empty (`settle_recent` appends a chunk at a
+    time), the recent part has room for `chunk_steps` positions; values
+    with their positions last. `cache` gives the rows, heads and dtype.
     """
     def zeros(like, positions, positions_last=False):
         rows, heads, _, head_dim = tf.unstack(tf.shape(like))
         shape = [rows, heads, head_dim, positions] if positions_last else [rows, heads, positions, head_dim]
         return tf.zeros(tf.stack(shape), like.dtype)
 
-    return [(keys, zeros(values, tf.shape(values)[2], True), zeros(keys, chunk_steps), zeros(values, chunk_steps, True))
+    return [(zeros(keys, 0), zeros(values, 0, True), zeros(keys, chunk_steps), zeros(values, chunk_steps, True))
             for keys, values in cache]
 
 
-def settle_chunk(cache, start, rows=None):
-    """Every layer's two-part cache settled after the chunk that began at output position `start`.
+def settle_chunk(cache, rows=None):
+    """Every layer's two-part cache settled after a chunk of steps.
 
     `rows`: the rows to keep, in this order (the others leave: a search's
     finished sentences); default: all. Where each row reads its settled row
@@ -117,7 +116,7 @@ def settle_chunk(cache, start, rows=None):
             offsets = tf.gather(cache[0][4], rows) + rows - tf.range(tf.shape(rows)[0])
             cache = [(keys, values, tf.gather(recent_keys, rows), tf.gather(recent_values, rows), offsets)
                      for keys, values, recent_keys, recent_values, _ in cache]
-    return [settle_recent(layer, start) for layer in cache]
+    return [settle_recent(layer) for layer in cache]
 
 
 def reorder_chunk(cache, parents):

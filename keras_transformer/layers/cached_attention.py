@@ -112,13 +112,15 @@ def _write_in_place(cached, new, cache_index):
 # the chunks of steps before (settled) go through a chunk's steps untouched,
 # and only the chunk's own few positions (recent) are written and copied; the
 # search writes the recent part into the settled one once a chunk
-# (`settle_recent`, `inference.search.Chunks`). The settled part grows a
-# chunk at a time, so that a step attends over about as many positions as
-# have been written, not over the longest output allowed: its last chunk of
-# room is where the recent part will settle, masked until then.
+# (`settle_recent`, `inference.search.Chunks`). The settled part holds
+# exactly the positions of the chunks before, nothing to mask: it starts
+# empty, and the recent part is appended to it as it settles. A step then
+# attends over as many positions as have been written, not over the longest
+# output allowed, and reads (and beam search gathers) no empty slots.
 #
 #     (keys, values, recent_keys, recent_values[, settled_offsets])
-#     keys (rows, heads, room, head_dim)      values (rows, heads, head_dim, room)
+#     keys (rows, heads, settled, head_dim)    values (rows, heads, head_dim, settled)
+#     recent_keys (rows, heads, chunk, head_dim)    recent_values (rows, heads, head_dim, chunk)
 #
 # The values keep their positions last, where the attention's weighted sum
 # runs. Beam search reorders its rows at every step: within a chunk it
@@ -131,16 +133,14 @@ def _write_in_place(cached, new, cache_index):
 # graph traced for LiteRT (`litert_tracing`) uses it.
 
 
-def settle_recent(cache, start):
-    """A two-part cache with its recent part written into the settled one at position `start`, and a chunk more room."""
+def settle_recent(cache):
+    """A two-part cache with its recent part (a whole chunk of positions) appended to the settled one."""
     keys, values, recent_keys, recent_values, *settled_offsets = cache
     if settled_offsets:  # each row's settled row, in the row's place; from now on each row continues its own
         keys, values = (_settled_rows(part, settled_offsets[0]) for part in (keys, values))
         settled_offsets = [ops.zeros_like(settled_offsets[0])]
-    # Grown first: the write then goes into a tensor nothing else reads, in place.
-    keys = _write_along(ops.concatenate([keys, ops.zeros_like(recent_keys)], axis=2), recent_keys, start, axis=2)
-    values = _write_along(ops.concatenate([values, ops.zeros_like(recent_values)], axis=3), recent_values, start,
-                          axis=3)
+    keys = ops.concatenate([keys, recent_keys], axis=2)
+    values = ops.concatenate([values, recent_values], axis=3)
     return (keys, values, recent_keys, recent_values, *settled_offsets)
 
 
@@ -245,9 +245,9 @@ class CachedMultiHeadAttention(MultiHeadAttention):
 
         The new position's keys and values go into the recent part, at
         `cache_index % chunk`; the query attends to both parts as to one
-        sequence: one softmax over the settled positions before the chunk
-        and the recent ones up to this step, each part's values weighted by
-        its share of it.
+        sequence: one softmax over the settled positions (every one before
+        the chunk) and the recent ones up to this step, each part's values
+        weighted by its share of it.
         """
         if not traced_for_litert():
             raise ValueError("a cache in two parts is for a graph traced for LiteRT (litert_tracing)")
@@ -263,17 +263,18 @@ class CachedMultiHeadAttention(MultiHeadAttention):
         settled = [keys, values]
         if settled_offsets:
             settled = [_settled_rows(part, settled_offsets[0]) for part in settled]
-        parts = ((*settled, ops.arange(ops.shape(keys)[2]) < cache_index - position),
-                 (recent_keys, recent_values, ops.arange(chunk) <= position))
         # Products of one query as multiply-and-sum: as a matrix product, XNNPACK would pack (copy)
         # the cache as a matrix at every step, which costs more than the product.
-        logits = [ops.cast(ops.expand_dims(ops.sum(part_keys * queries, axis=-1), 2), "float32")
-                  + ops.where(visible, 0.0, MASKED_LOGIT) for part_keys, _, visible in parts]
+        def scores(part_keys):
+            return ops.cast(ops.expand_dims(ops.sum(part_keys * queries, axis=-1), 2), "float32")
+
+        # Every settled position is visible; of the recent part, those up to this step.
+        logits = [scores(settled[0]), scores(recent_keys) + ops.where(ops.arange(chunk) <= position, 0.0, MASKED_LOGIT)]
         largest = ops.maximum(*(ops.max(part, axis=-1, keepdims=True) for part in logits))
         exponentials = [ops.exp(part - largest) for part in logits]
         total = ops.sum(exponentials[0], axis=-1, keepdims=True) + ops.sum(exponentials[1], axis=-1, keepdims=True)
         attended = sum(ops.sum(part_values * ops.cast(part / total, part_values.dtype), axis=-1)
-                       for part, (_, part_values, _) in zip(exponentials, parts))
+                       for part, part_values in zip(exponentials, (settled[1], recent_values)))
         outputs = combine_heads(heads_last(ops.expand_dims(attended, 2)), self.output_kernel,
                                 self.output_bias if self.use_bias else None)
         return outputs, (keys, values, recent_keys, recent_values, *settled_offsets)
