@@ -1,22 +1,26 @@
-"""Beam search's reads of the settled cache in LiteRT: a gather then multiply-and-sum, against matrix products.
+"""Beam search's reads of the settled cache in LiteRT: matrix products per sentence against a gather, multiply, sum.
 
     python benchmarks/litert_settled_attention.py [--positions 24 40 56] [--sentences 16] [--beams 4]
         [--heads 8] [--head-dim 64] [--layers 6] [--threads 2]
 
 At a step of the LiteRT file's beam search, each row attends to the settled
-keys and values of the row it continues, which one of its sentence's rows
-holds (`layers.cached_attention`, "a cache in two parts"). Three small float32
+keys and values of its own history, which its sentence's rows hold
+(`layers.cached_attention`, "a cache in two parts"). Four small float32
 LiteRT files compute that part of a step for every layer (the settled
 positions only, on numbers copied in once), each in one form:
 
-- `gather, multiply, sum`: the file's form. The rows are gathered by their
-  offsets (`GATHER`, which runs on one core), then each query multiplies
-  its keys and the weights its values (`MUL` and `SUM`, in XNNPACK).
+- `gather, multiply, sum`: the file's form until 2026-11-27. The rows are
+  gathered by their offsets (`GATHER`, which runs on one core), then each
+  query multiplies its keys and the weights its values (`MUL` and `SUM`, in
+  XNNPACK).
 - `a product per sentence and head, cache on the right`: a sentence's
   beams' queries against all of its rows' keys in one `BATCH_MATMUL`, the
   other rows' positions masked: no gather, four times the products, and
   XNNPACK packs the cache as a matrix first. Keys and values are kept as
   `(sentences, heads, beams x positions, head_dim)`.
+- `the same, values with their positions last`: the file's form. XNNPACK
+  packs both operands with its vector kernel for a transposed right operand
+  (its kernel for the other layout is scalar).
 - `a product per sentence and head, cache on the left`: the same products
   with the cache as the left operand (nothing to pack), the few queries on
   the right (a kernel made for wide matrices, mostly idle).
@@ -38,7 +42,7 @@ from measure import alternating_rounds
 
 ROUNDS, CALLS = 7, 30
 FORMS = ("gather, multiply, sum", "a product per sentence and head, cache on the right",
-         "a product per sentence and head, cache on the left")
+         "the same, values with their positions last", "a product per sentence and head, cache on the left")
 
 
 def step_functions(sentences, beams, positions, layers):
@@ -78,6 +82,15 @@ def step_functions(sentences, beams, positions, layers):
             attended.append(per_row(tf.matmul(tf.nn.softmax(logits, -1), values[layer])))
         return tf.add_n(attended)
 
+    def values_positions_last(offsets, queries, *cache):
+        keys, values = cache[:layers], cache[layers:]  # (…, beams x positions, head_dim), (…, head_dim, beams x positions)
+        bias = masked_logit_bias(offsets)
+        attended = []
+        for layer in range(layers):
+            logits = tf.matmul(per_sentence_queries(queries[layer]), keys[layer], transpose_b=True) + bias
+            attended.append(per_row(tf.matmul(tf.nn.softmax(logits, -1), values[layer], transpose_b=True)))
+        return tf.add_n(attended)
+
     def cache_on_the_left(offsets, queries, *cache):
         keys, values = cache[:layers], cache[layers:]  # (…, beams x positions, head_dim), (…, head_dim, beams x positions)
         bias = masked_logit_bias(offsets)
@@ -88,7 +101,7 @@ def step_functions(sentences, beams, positions, layers):
             attended.append(per_row(tf.transpose(tf.matmul(values[layer], weights, transpose_b=True), (0, 1, 3, 2))))
         return tf.add_n(attended)
 
-    return dict(zip(FORMS, (by_gather, cache_on_the_right, cache_on_the_left)))
+    return dict(zip(FORMS, (by_gather, cache_on_the_right, values_positions_last, cache_on_the_left)))
 
 
 def inputs(sentences, beams, positions, heads, head_dim, layers):
@@ -111,6 +124,8 @@ def inputs(sentences, beams, positions, heads, head_dim, layers):
         FORMS[1]: [offsets, queries, *(per_sentence(layer) for layer in keys),
                    *(per_sentence(layer) for layer in values)],
         FORMS[2]: [offsets, queries, *(per_sentence(layer) for layer in keys),
+                   *(positions_last(per_sentence(layer)) for layer in values)],
+        FORMS[3]: [offsets, queries, *(per_sentence(layer) for layer in keys),
                    *(positions_last(per_sentence(layer)) for layer in values)],
     }
 

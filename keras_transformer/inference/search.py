@@ -359,8 +359,8 @@ def _leave(finished, sentences, answers, results, per_sentence, rows_per_source)
 # runs `steps` steps in a loop of their own, then calls `settle(cache[, rows])` once, `rows` being
 # those to keep (only a search's last chunk is cut short, and what it settles is never read). Within
 # a chunk the step functions leave the settled part as they got it, and beam search reorders the cache's rows with
-# `reorder(cache, parents)`, which leaves it too (each row remembers which settled row it continues;
-# the settle puts them in order, and beam search's finished sentences leave in that same gather).
+# `reorder(cache, parents)`, which leaves it too (the cache says which settled positions hold each
+# row's history).
 # The searches drop their finished sentences between chunks, so that every shape stays as it is
 # within one: LiteRT then plans the chunk's loop once (re-planning it once a chunk, as the cache
 # grows and the batch shrinks, not at every step), and hands a value the step leaves alone from
@@ -425,8 +425,8 @@ def _search(strategy, step_fn, cache, max_lengths, context, drop_finished, first
                 lambda step, *carry: (step < start + chunks.steps) & not_done(step, *carry), one_step,
                 (step, *carry), shape_invariants=shapes)
             if drop_finished and strategy.reorders_rows:
-                # Beam search's settle gathers every settled row anyway: the finished sentences' rows
-                # leave in that gather, with no conditional (LiteRT's `IF` copies what it is given).
+                # The finished sentences' rows leave in the settle's gathers, with no conditional
+                # (LiteRT's `IF` copies what it is given).
                 results, (sentences, (state, context)), kept_rows = _leave(
                     strategy.finished(state), sentences, lambda: strategy.answers(state), results, (state, context),
                     rows_per_source)

@@ -32,12 +32,15 @@ grows by a chunk (and finished sentences leave).
 limits, the step function, and greedy or beam search.
 """
 
+import functools
+
 import tensorflow as tf
 
 from keras_transformer.inference.search import (Chunks, beam_rows_per_source, beam_search, greedy_search, num_steps,
                                                 write_column)
 from keras_transformer.inference.settings import LengthPenalty
-from keras_transformer.layers.cached_attention import settle_recent
+from keras_transformer.layers.attention import MASKED_LOGIT
+from keras_transformer.layers.cached_attention import PLACEHOLDER_SLOTS, settle_recent
 from keras_transformer.layers.masks import padding_mask
 
 # Output positions a translation's self-attention cache has room for at first.
@@ -85,56 +88,69 @@ def grow_cache(cache, index, max_length):
     return tf.cond(index < room, lambda: tuple(cache), doubled)
 
 
-def two_part_cache(cache, chunk_steps):
-    """Empty self-attention caches, `(keys, values)` a layer, in two parts (`layers.cached_attention.settle_recent`).
+def two_part_cache(cache, chunk_steps, rows_per_source=1):
+    """Empty self-attention caches in two parts (`cached_attention.settle_recent`), `rows_per_source` rows a sentence.
 
-    The settled part starts empty (`settle_recent` appends a chunk at a
-    time), the recent part has room for `chunk_steps` positions; values
-    with their positions last. `cache` gives the rows, heads and dtype.
+    `cache`: the model's caches, a layer's `(keys, values)`, one row a
+    sentence (they give the sizes and dtype). The settled part starts
+    empty (`settle_recent` appends a chunk at a time; with several rows a
+    sentence it is laid out by sentence and starts with its masked
+    placeholder slot), the recent part has room for `chunk_steps`
+    positions of every row; values with their positions last.
     """
-    def zeros(like, positions, positions_last=False):
-        rows, heads, _, head_dim = tf.unstack(tf.shape(like))
-        shape = [rows, heads, head_dim, positions] if positions_last else [rows, heads, positions, head_dim]
+    def zeros(like, shape):
         return tf.zeros(tf.stack(shape), like.dtype)
 
-    return [(zeros(keys, 0), zeros(values, 0, True), zeros(keys, chunk_steps), zeros(values, chunk_steps, True))
-            for keys, values in cache]
+    layers = []
+    for keys, values in cache:
+        sentences, heads, _, head_dim = tf.unstack(tf.shape(keys))
+        rows = sentences * rows_per_source
+        recent = (zeros(keys, [rows, heads, chunk_steps, head_dim]),
+                  zeros(values, [rows, heads, head_dim, chunk_steps]))
+        if rows_per_source == 1:
+            layers.append((zeros(keys, [rows, heads, 0, head_dim]), zeros(values, [rows, heads, head_dim, 0]), *recent))
+            continue
+        slots = PLACEHOLDER_SLOTS
+        bias = tf.fill(tf.stack([sentences, 1, rows_per_source, slots]), MASKED_LOGIT)
+        layers.append((zeros(keys, [sentences, heads, slots, head_dim]),
+                       zeros(values, [sentences, heads, head_dim, slots]), *recent, bias))
+    return layers
 
 
-def settle_chunk(cache, rows=None):
+def settle_chunk(cache, rows=None, rows_per_source=1):
     """Every layer's two-part cache settled after a chunk of steps.
 
     `rows`: the rows to keep, in this order (the others leave: a search's
-    finished sentences); default: all. Where each row reads its settled row
-    through an offset (`reorder_chunk`), they leave in the settle's own
-    gather: only their recent part and offsets are cut here.
+    finished sentences, whose rows leave together); default: all.
+    `rows_per_source`: the rows each sentence has (`two_part_cache`).
     """
     if rows is not None:
-        if len(cache[0]) == 4:  # no offsets: every part is cut
+        if len(cache[0]) == 4:  # one row a sentence: every part is cut by rows
             cache = [tuple(tf.gather(part, rows) for part in layer) for layer in cache]
-        else:  # each kept row's settled row, from its new place; computed once, from the first layer's
-            offsets = tf.gather(cache[0][4], rows) + rows - tf.range(tf.shape(rows)[0])
-            cache = [(keys, values, tf.gather(recent_keys, rows), tf.gather(recent_values, rows), offsets)
-                     for keys, values, recent_keys, recent_values, _ in cache]
-    return [settle_recent(layer) for layer in cache]
+        else:  # the settled part and its bias by sentence, the recent part by rows
+            sentences = tf.reshape(rows, [-1, rows_per_source])[:, 0] // rows_per_source
+            cache = [(tf.gather(keys, sentences), tf.gather(values, sentences), tf.gather(recent_keys, rows),
+                      tf.gather(recent_values, rows), tf.gather(bias, sentences))
+                     for keys, values, recent_keys, recent_values, bias in cache]
+    return [settle_recent(layer, rows_per_source) for layer in cache]
 
 
-def reorder_chunk(cache, parents):
+def reorder_chunk(cache, parents, rows_per_source=1):
     """Beam search's reorder of two-part caches within a chunk: row `i` continues row `parents[i]`.
 
     The recent part's rows are gathered; the settled part stays as it is, so
-    that LiteRT's loop hands it from step to step without copying it, and
-    each row's settled offset (the last part of a layer's cache,
-    `layers.cached_attention.settle_recent`) says where the settled row it
-    continues lies now. Attention reads the settled part through them, and
-    the settle puts its rows in order.
+    that LiteRT's loop hands it from step to step without copying it: its
+    bias (the last part of a layer's cache,
+    `layers.cached_attention.settle_recent`), the same for every layer, is
+    reordered instead, each beam's row of it now the parent's.
     """
-    if len(cache[0]) == 4:  # no offsets (one row a sentence): the settled part is reordered too
+    if len(cache[0]) == 4:  # one row a sentence: the settled part is reordered too
         return [tuple(tf.gather(part, parents) for part in layer) for layer in cache]
-    # Every layer's offsets are the same: computed once, from the first's.
-    rows = tf.range(tf.shape(parents)[0])
-    offsets = parents + tf.gather(cache[0][4], parents) - rows  # the parent's settled row, from here
-    return [(keys, values, tf.gather(recent_keys, parents), tf.gather(recent_values, parents), offsets)
+    # Each row's parent among its sentence's rows (beam search's parents are).
+    beams = tf.reshape(parents - tf.range(tf.shape(parents)[0]) // rows_per_source * rows_per_source,
+                       [-1, rows_per_source])
+    bias = tf.gather(cache[0][4], beams, axis=2, batch_dims=1)
+    return [(keys, values, tf.gather(recent_keys, parents), tf.gather(recent_values, parents), bias)
             for keys, values, recent_keys, recent_values, _ in cache]
 
 
@@ -163,9 +179,10 @@ def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache
             after every chunk (`search.Chunks(chunk_steps, settle_chunk,
             reorder_chunk)`), growing it by a chunk: in LiteRT, a loop that
             copies only the recent part from step to step. With more than one
-            row a sentence (beam search) each layer's cache also says where
-            the settled row each row continues lies (`reorder_chunk`). In a
-            graph traced for LiteRT; `growing_cache` does not apply.
+            row a sentence (beam search) the settled part is kept by
+            sentence, and each layer's cache also says which of its slots
+            hold each row's history (`reorder_chunk`). In a graph traced for
+            LiteRT; `growing_cache` does not apply.
 
     Returns:
         `(step_fn, cache, context)`. `step_fn(tokens, cache, index, context)
@@ -214,11 +231,9 @@ def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache
         room = tf.minimum(INITIAL_CACHE_ROOM, max_length) if growing_cache else max_length
     cache, source = model.build_cache(memory, room, source_mask)
     if chunk_steps:
-        cache = two_part_cache(cache, chunk_steps)
-    cache = [tuple(repeat(cached) for cached in layer) for layer in cache]
-    if chunk_steps and rows_per_source > 1:  # beam search: each row continues its own settled row, at first
-        offsets = tf.zeros([tf.shape(source_ids)[0] * rows_per_source], tf.int32)
-        cache = [layer + (offsets,) for layer in cache]
+        cache = two_part_cache(cache, chunk_steps, rows_per_source)
+    else:
+        cache = [tuple(repeat(cached) for cached in layer) for layer in cache]
 
     # Tied embeddings: the output projection's kernel, transposed once here, not at every step.
     output_kernel = model.tied_output_kernel() if model.tie_output else None
@@ -323,7 +338,9 @@ def transformer_search(model, source_ids, settings, use_cache=True, static_shape
     search = greedy_search if greedy else beam_search
     return search(step_fn, cache, max_lengths, settings, context=context, drop_finished=not static_shapes,
                   first_ids=first_ids,
-                  chunks=Chunks(chunk_steps, settle_chunk, reorder_chunk) if chunk_steps else None)
+                  chunks=Chunks(chunk_steps, functools.partial(settle_chunk, rows_per_source=rows_per_source),
+                                functools.partial(reorder_chunk, rows_per_source=rows_per_source))
+                  if chunk_steps else None)
 
 
 def score_sequences(model, source_ids, target_ids, start_id, length_penalty=LengthPenalty()):

@@ -118,35 +118,55 @@ def _write_in_place(cached, new, cache_index):
 # attends over as many positions as have been written, not over the longest
 # output allowed, and reads (and beam search gathers) no empty slots.
 #
-#     (keys, values, recent_keys, recent_values[, settled_offsets])
-#     keys (rows, heads, settled, head_dim)    values (rows, heads, head_dim, settled)
-#     recent_keys (rows, heads, chunk, head_dim)    recent_values (rows, heads, head_dim, chunk)
+#     (keys, values, recent_keys, recent_values[, settled_bias])
+#     keys (sentences, heads, settled, head_dim)    values (sentences, heads, head_dim, settled)
+#     recent_keys (rows, heads, chunk, head_dim)     recent_values (rows, heads, head_dim, chunk)
 #
 # The values keep their positions last, where the attention's weighted sum
-# runs. Beam search reorders its rows at every step: within a chunk it
-# reorders the recent part, not the settled one, and `settled_offsets`
-# (rows,) says where the settled row each row continues lies, relative to
-# the row (`inference.steps.reorder_chunk`): attention reads the settled
-# part through them, and the settle puts its rows in order. Relative, since
-# a row's settled row is one of its sentence's, and the sentences that
-# finish leave the batch whole: every other row keeps its offset. Only a
-# graph traced for LiteRT (`litert_tracing`) uses it.
+# runs. Greedy search has one row a sentence. Beam search has several
+# (`rows_per_source`), reorders them at every step, and reads the settled
+# part without reordering it, by sentence: each settled chunk holds every
+# row's positions of that chunk side by side (`beams x chunk` slots), and
+# `settled_bias` `(sentences, 1, beams, settled)` says, 0 or `MASKED_LOGIT`,
+# which slots hold the history of the row now in each beam's place. A step
+# multiplies a sentence's beams' queries with all of its settled keys, and
+# the weights with all of its values, in one matrix product per sentence and
+# head (XNNPACK runs it on every core), the other beams' slots masked:
+# four times the products at beam 4, and no gather of each row's history,
+# a copy of the whole part on one core at every step
+# (`benchmarks/litert_settled_attention.py`). Within a chunk beam search
+# reorders the recent part's rows and the bias's beams
+# (`inference.steps.reorder_chunk`); the settle appends the recent part as
+# it is. Only a graph traced for LiteRT (`litert_tracing`) uses it.
+
+# The settled part's first slot, for beam search: a settled part with no
+# slot at all is an empty matrix product, which XNNPACK refuses. It is
+# masked, and stays so.
+PLACEHOLDER_SLOTS = 1
 
 
-def settle_recent(cache):
+def settle_recent(cache, rows_per_source=1):
     """A two-part cache with its recent part (a whole chunk of positions) appended to the settled one."""
-    keys, values, recent_keys, recent_values, *settled_offsets = cache
-    if settled_offsets:  # each row's settled row, in the row's place; from now on each row continues its own
-        keys, values = (_settled_rows(part, settled_offsets[0]) for part in (keys, values))
-        settled_offsets = [ops.zeros_like(settled_offsets[0])]
-    keys = ops.concatenate([keys, recent_keys], axis=2)
-    values = ops.concatenate([values, recent_values], axis=3)
-    return (keys, values, recent_keys, recent_values, *settled_offsets)
+    import tensorflow as tf
 
-
-def _settled_rows(settled, offsets):
-    """The settled row each row continues: row `i + offsets[i]` in the row's place."""
-    return ops.take(settled, ops.arange(ops.shape(offsets)[0], dtype=offsets.dtype) + offsets, axis=0)
+    keys, values, recent_keys, recent_values, *settled_bias = cache
+    if not settled_bias:  # one row a sentence
+        return (ops.concatenate([keys, recent_keys], axis=2), ops.concatenate([values, recent_values], axis=3),
+                recent_keys, recent_values)
+    beams = rows_per_source
+    _, heads, chunk, head_dim = tf.unstack(tf.shape(recent_keys))
+    # A sentence's beams' chunks side by side: (sentences, heads, beams x chunk, ...), beam-major.
+    recent_keys_by_sentence = tf.reshape(tf.transpose(tf.reshape(recent_keys, [-1, beams, heads, chunk, head_dim]),
+                                                      [0, 2, 1, 3, 4]), [-1, heads, beams * chunk, head_dim])
+    recent_values_by_sentence = tf.reshape(tf.transpose(tf.reshape(recent_values, [-1, beams, heads, head_dim, chunk]),
+                                                        [0, 2, 3, 1, 4]), [-1, heads, head_dim, beams * chunk])
+    # Each beam's row reads its own slots of the chunk: (beams, beams x chunk), 0 where the beams match.
+    own_slots = tf.repeat(tf.eye(beams), chunk, axis=1)
+    new_bias = tf.where(own_slots > 0, 0.0, MASKED_LOGIT)
+    sentences = tf.shape(keys)[0]
+    new_bias = tf.broadcast_to(new_bias[None, None], tf.stack([sentences, 1, beams, beams * chunk]))
+    return (tf.concat([keys, recent_keys_by_sentence], axis=2), tf.concat([values, recent_values_by_sentence], axis=3),
+            recent_keys, recent_values, tf.concat([settled_bias[0], new_bias], axis=3))
 
 
 def _write_along(cached, new, index, axis):
@@ -157,6 +177,70 @@ def _write_along(cached, new, index, axis):
     corner = [tf.zeros([], tf.int32)] * 4
     corner[axis] = tf.cast(index, tf.int32)
     return xla.dynamic_update_slice(cached, tf.cast(new, cached.dtype), tf.stack(corner))
+
+
+class _SettledByRow:
+    """A step's read of a settled part with one row a sentence: each row's query against its own row.
+
+    Statistics of the softmax come and go as `(rows, heads, 1, 1)`, as the recent part's.
+    """
+
+    def __init__(self, logits, values):
+        self.logits, self.values = logits, values  # (rows, heads, 1, settled), (rows, heads, head_dim, settled)
+
+    def largest(self):
+        return ops.max(self.logits, axis=-1, keepdims=True)
+
+    def exponentials(self, largest):
+        return ops.exp(self.logits - largest)
+
+    def total(self, exponentials):
+        return ops.sum(exponentials, axis=-1, keepdims=True)
+
+    def attended(self, exponentials, total):  # (rows, heads, head_dim)
+        return ops.sum(self.values * ops.cast(exponentials / total, self.values.dtype), axis=-1)
+
+
+class _SettledBySentence:
+    """A step's read of a settled part laid out by sentence (`settle_recent`): matrix products per sentence and head.
+
+    The logits are `(sentences, heads, beams, settled)`; statistics of the
+    softmax come and go in the recent part's `(rows, heads, 1, 1)`. Every
+    reshape has one size unknown until the graph runs, so that LiteRT sizes
+    it when it prepares the loop.
+    """
+
+    def __init__(self, queries, keys, values, bias, beams):
+        import tensorflow as tf
+
+        self.beams, self.heads, self.head_dim = beams, queries.shape[1], queries.shape[3]
+        self.values = values  # (sentences, heads, head_dim, settled)
+        self.logits = tf.matmul(self._by_sentence(queries, self.head_dim), keys, transpose_b=True) + bias
+
+    def _by_sentence(self, per_row, size=1):  # (rows, heads, 1, size) -> (sentences, heads, beams, size)
+        import tensorflow as tf
+
+        return tf.transpose(tf.reshape(per_row, [-1, self.beams, self.heads, size]), [0, 2, 1, 3])
+
+    def _by_row(self, per_sentence, size=1):  # (sentences, heads, beams, size) -> (rows, heads, 1, size)
+        import tensorflow as tf
+
+        return tf.reshape(tf.transpose(per_sentence, [0, 2, 1, 3]), [-1, self.heads, 1, size])
+
+    def largest(self):
+        return self._by_row(ops.max(self.logits, axis=-1, keepdims=True))
+
+    def exponentials(self, largest):
+        return ops.exp(ops.cast(self.logits, "float32") - self._by_sentence(largest))
+
+    def total(self, exponentials):
+        return self._by_row(ops.sum(exponentials, axis=-1, keepdims=True))
+
+    def attended(self, exponentials, total):  # (rows, heads, head_dim)
+        import tensorflow as tf
+
+        weights = ops.cast(exponentials / self._by_sentence(total), self.values.dtype)
+        return ops.squeeze(self._by_row(tf.matmul(weights, self.values, transpose_b=True), self.head_dim), 2)
 
 
 def _compiling_with_xla():
@@ -187,6 +271,8 @@ class CachedMultiHeadAttention(MultiHeadAttention):
         cache_index: with `cache`, the number of cached positions: `query`
             holds the positions that follow (self-attention; `value` and
             `key` are not given). Without it the cache is a fixed context.
+        rows_per_source: with a cache in two parts, the rows of `query` per
+            sentence (a beam search's), consecutive.
 
     Returns:
         Without `cache`, what `MultiHeadAttention` returns; with it,
@@ -204,7 +290,8 @@ class CachedMultiHeadAttention(MultiHeadAttention):
     decodes_on_its_own_cache = True
 
     def call(self, query, value=None, key=None, query_mask=None, value_mask=None, key_mask=None, attention_mask=None,
-             use_causal_mask=False, return_attention_scores=False, training=None, cache=None, cache_index=None):
+             use_causal_mask=False, return_attention_scores=False, training=None, cache=None, cache_index=None,
+             rows_per_source=1):
         if cache is None:
             return super().call(query, value, key, query_mask, value_mask, key_mask, attention_mask, use_causal_mask,
                                 return_attention_scores, training)
@@ -227,7 +314,7 @@ class CachedMultiHeadAttention(MultiHeadAttention):
                     "predictive local attention is for a fixed context (cross-attention), not a decoding cache"
                 )
             if len(cache) in (4, 5):  # a cache in two parts (`settle_recent`)
-                return self._step_on_settled_and_recent(queries, query, cache, cache_index)
+                return self._step_on_settled_and_recent(queries, query, cache, cache_index, rows_per_source)
             cache = write_cache(cache, self._project_new_keys_values(query), cache_index)
             keys, values = cache
             # Unfilled slots follow the last query: a causal mask hides them already.
@@ -240,7 +327,7 @@ class CachedMultiHeadAttention(MultiHeadAttention):
         attended, _ = self._attend(queries, keys, values, mask, weight_scale, False, training)
         return combine_heads(attended, self.output_kernel, self.output_bias if self.use_bias else None), cache
 
-    def _step_on_settled_and_recent(self, queries, query, cache, cache_index):
+    def _step_on_settled_and_recent(self, queries, query, cache, cache_index, rows_per_source):
         """A decoding step on a cache in two parts (see `settle_recent`): `(outputs, cache)`.
 
         The new position's keys and values go into the recent part, at
@@ -253,31 +340,33 @@ class CachedMultiHeadAttention(MultiHeadAttention):
             raise ValueError("a cache in two parts is for a graph traced for LiteRT (litert_tracing)")
         if ops.shape(query)[1] != 1 or self.sliding_window is not None:
             raise ValueError("a cache in two parts decodes one position at a time, without a sliding window")
-        keys, values, recent_keys, recent_values, *settled_offsets = cache
+        keys, values, recent_keys, recent_values, *settled_bias = cache
         chunk = ops.shape(recent_keys)[2]
         position = cache_index % chunk
         new_keys, new_values = self._project_new_keys_values(query)
         recent_keys = _write_along(recent_keys, new_keys, position, axis=2)
         recent_values = _write_along(recent_values, ops.swapaxes(new_values, 2, 3), position, axis=3)
-        # Beam search's rows read the settled rows they continue (`settle_recent`).
-        settled = [keys, values]
-        if settled_offsets:
-            settled = [_settled_rows(part, settled_offsets[0]) for part in settled]
+
         # Products of one query as multiply-and-sum: as a matrix product, XNNPACK would pack (copy)
         # the cache as a matrix at every step, which costs more than the product.
-        def scores(part_keys):
+        def scores(part_keys):  # (rows, heads, 1, positions)
             return ops.cast(ops.expand_dims(ops.sum(part_keys * queries, axis=-1), 2), "float32")
 
-        # Every settled position is visible; of the recent part, those up to this step.
-        logits = [scores(settled[0]), scores(recent_keys) + ops.where(ops.arange(chunk) <= position, 0.0, MASKED_LOGIT)]
-        largest = ops.maximum(*(ops.max(part, axis=-1, keepdims=True) for part in logits))
-        exponentials = [ops.exp(part - largest) for part in logits]
-        total = ops.sum(exponentials[0], axis=-1, keepdims=True) + ops.sum(exponentials[1], axis=-1, keepdims=True)
-        attended = sum(ops.sum(part_values * ops.cast(part / total, part_values.dtype), axis=-1)
-                       for part, part_values in zip(exponentials, (settled[1], recent_values)))
+        # Of the recent part, the positions up to this step are visible.
+        recent_logits = scores(recent_keys) + ops.where(ops.arange(chunk) <= position, 0.0, MASKED_LOGIT)
+        if settled_bias:  # several rows a sentence: the settled part is read by sentence (`settle_recent`)
+            settled = _SettledBySentence(queries, keys, values, settled_bias[0], rows_per_source)
+        else:
+            settled = _SettledByRow(scores(keys), values)
+        largest = ops.maximum(settled.largest(), ops.max(recent_logits, axis=-1, keepdims=True))
+        recent_exponentials = ops.exp(recent_logits - largest)
+        settled_exponentials = settled.exponentials(largest)
+        total = settled.total(settled_exponentials) + ops.sum(recent_exponentials, axis=-1, keepdims=True)
+        attended = (ops.sum(recent_values * ops.cast(recent_exponentials / total, recent_values.dtype), axis=-1)
+                    + settled.attended(settled_exponentials, total))
         outputs = combine_heads(heads_last(ops.expand_dims(attended, 2)), self.output_kernel,
                                 self.output_bias if self.use_bias else None)
-        return outputs, (keys, values, recent_keys, recent_values, *settled_offsets)
+        return outputs, (keys, values, recent_keys, recent_values, *settled_bias)
 
     def _project_step_queries(self, query):
         """Q W^Q / sqrt(d_k) for a step's few queries, which are cheaper to scale than W^Q."""

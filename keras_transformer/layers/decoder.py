@@ -217,7 +217,8 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
         Returns:
             `(outputs (rows, new, d_model), updated cache)`.
         """
-        outputs, cache = self.self_attention.decode_step(inputs, cache, cache_index)
+        outputs, cache = self.self_attention.decode_step(inputs, cache, cache_index,
+                                                         rows_per_source=rows_per_source or 1)
         if self.cross_attention_block is not None:
             if source_keys_values is None:
                 raise ValueError("this DecoderLayer has cross-attention: decoding needs the source's keys and values")
