@@ -27,7 +27,7 @@ positions only, on numbers copied in once), each in one form:
 
 Prints one JSON line per form and position count: milliseconds per step
 (the median of 7 alternating rounds of 30 calls, `measure.alternating_rounds`),
-the ratio to the file's form, and the largest difference from its outputs.
+the ratio to the gather's form, and the largest difference from its outputs.
 """
 
 import argparse
@@ -195,7 +195,7 @@ def main():
                 print(json.dumps({
                     "positions": positions, "rows": args.sentences * args.beams, "layers": args.layers,
                     "form": form, "ms_per_step": round(milliseconds[form], 3),
-                    "ratio_to_the_files_form": round(milliseconds[form] / milliseconds[FORMS[0]], 3),
+                    "ratio_to_the_gather": round(milliseconds[form] / milliseconds[FORMS[0]], 3),
                     "largest_difference": float(np.abs(first[form] - first[FORMS[0]]).max()),
                 }), flush=True)
 
