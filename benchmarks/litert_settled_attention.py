@@ -9,7 +9,7 @@ keys and values of its own history, which its sentence's rows hold
 LiteRT files compute that part of a step for every layer (the settled
 positions only, on numbers copied in once), each in one form:
 
-- `gather, multiply, sum`: the file's form until 2026-11-27. The rows are
+- `gather, multiply, sum`: the file's form until 0f723a8. The rows are
   gathered by their offsets (`GATHER`, which runs on one core), then each
   query multiplies its keys and the weights its values (`MUL` and `SUM`, in
   XNNPACK).
@@ -18,9 +18,9 @@ positions only, on numbers copied in once), each in one form:
   other rows' positions masked: no gather, four times the products, and
   XNNPACK packs the cache as a matrix first. Keys and values are kept as
   `(sentences, heads, beams x positions, head_dim)`.
-- `the same, values with their positions last`: the file's form. XNNPACK
-  packs both operands with its vector kernel for a transposed right operand
-  (its kernel for the other layout is scalar).
+- `the same, values with their positions last`: the file's form (its
+  values keep the layout of the chunk's part, which sums over positions
+  last).
 - `a product per sentence and head, cache on the left`: the same products
   with the cache as the left operand (nothing to pack), the few queries on
   the right (a kernel made for wide matrices, mostly idle).
@@ -83,7 +83,7 @@ def step_functions(sentences, beams, positions, layers):
         return tf.add_n(attended)
 
     def values_positions_last(offsets, queries, *cache):
-        keys, values = cache[:layers], cache[layers:]  # (…, beams x positions, head_dim), (…, head_dim, beams x positions)
+        keys, values = cache[:layers], cache[layers:]  # values (…, head_dim, beams x positions)
         bias = masked_logit_bias(offsets)
         attended = []
         for layer in range(layers):

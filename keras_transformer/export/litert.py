@@ -76,8 +76,7 @@ TEXT_OPERATORS = frozenset({
 })
 # The searches settle their self-attention cache once every this many steps (`inference.steps`):
 # between settles LiteRT's loop copies only the chunk's positions from step to step, and a settle
-# rewrites the settled part once (in order of beam search's rows) and grows it by a chunk. The
-# searches drop their finished sentences there too.
+# appends the chunk to the settled part. The searches drop their finished sentences there too.
 CHUNK_STEPS = 8
 # Where a full batch's self-attention cache would grow by more than CACHE_BYTES_PER_POSITION a
 # position, the runner gives the file at most ROWS_PER_RUN rows (sentences x the search's rows per

@@ -40,7 +40,7 @@ from keras_transformer.inference.search import (Chunks, beam_rows_per_source, be
                                                 write_column)
 from keras_transformer.inference.settings import LengthPenalty
 from keras_transformer.layers.attention import MASKED_LOGIT
-from keras_transformer.layers.cached_attention import PLACEHOLDER_SLOTS, settle_recent
+from keras_transformer.layers.cached_attention import PLACEHOLDER_SLOTS, settle_bias, settle_recent
 from keras_transformer.layers.masks import padding_mask
 
 # Output positions a translation's self-attention cache has room for at first.
@@ -110,10 +110,9 @@ def two_part_cache(cache, chunk_steps, rows_per_source=1):
         if rows_per_source == 1:
             layers.append((zeros(keys, [rows, heads, 0, head_dim]), zeros(values, [rows, heads, head_dim, 0]), *recent))
             continue
-        slots = PLACEHOLDER_SLOTS
-        bias = tf.fill(tf.stack([sentences, 1, rows_per_source, slots]), MASKED_LOGIT)
-        layers.append((zeros(keys, [sentences, heads, slots, head_dim]),
-                       zeros(values, [sentences, heads, head_dim, slots]), *recent, bias))
+        bias = tf.fill(tf.stack([sentences, 1, rows_per_source, PLACEHOLDER_SLOTS]), MASKED_LOGIT)
+        layers.append((zeros(keys, [sentences, heads, PLACEHOLDER_SLOTS, head_dim]),
+                       zeros(values, [sentences, heads, head_dim, PLACEHOLDER_SLOTS]), *recent, bias))
     return layers
 
 
@@ -124,15 +123,22 @@ def settle_chunk(cache, rows=None, rows_per_source=1):
     finished sentences, whose rows leave together); default: all.
     `rows_per_source`: the rows each sentence has (`two_part_cache`).
     """
+    by_sentence = len(cache[0]) == 5
     if rows is not None:
-        if len(cache[0]) == 4:  # one row a sentence: every part is cut by rows
+        if not by_sentence:  # one row a sentence: every part is cut by rows
             cache = [tuple(tf.gather(part, rows) for part in layer) for layer in cache]
         else:  # the settled part and its bias by sentence, the recent part by rows
-            sentences = tf.reshape(rows, [-1, rows_per_source])[:, 0] // rows_per_source
-            cache = [(tf.gather(keys, sentences), tf.gather(values, sentences), tf.gather(recent_keys, rows),
-                      tf.gather(recent_values, rows), tf.gather(bias, sentences))
+            kept_sentences = tf.reshape(rows, [-1, rows_per_source])[:, 0] // rows_per_source
+            cache = [(tf.gather(keys, kept_sentences), tf.gather(values, kept_sentences), tf.gather(recent_keys, rows),
+                      tf.gather(recent_values, rows), bias)
                      for keys, values, recent_keys, recent_values, bias in cache]
-    return [settle_recent(layer, rows_per_source) for layer in cache]
+    settled = [settle_recent(layer, rows_per_source) for layer in cache]
+    if not by_sentence:
+        return settled
+    # The bias is every layer's: settled once, from the first layer's.
+    bias = cache[0][4] if rows is None else tf.gather(cache[0][4], kept_sentences)
+    bias = settle_bias(bias, rows_per_source, chunk=tf.shape(cache[0][2])[2])
+    return [layer[:4] + (bias,) for layer in settled]
 
 
 def reorder_chunk(cache, parents, rows_per_source=1):
@@ -146,10 +152,9 @@ def reorder_chunk(cache, parents, rows_per_source=1):
     """
     if len(cache[0]) == 4:  # one row a sentence: the settled part is reordered too
         return [tuple(tf.gather(part, parents) for part in layer) for layer in cache]
-    # Each row's parent among its sentence's rows (beam search's parents are).
-    beams = tf.reshape(parents - tf.range(tf.shape(parents)[0]) // rows_per_source * rows_per_source,
-                       [-1, rows_per_source])
-    bias = tf.gather(cache[0][4], beams, axis=2, batch_dims=1)
+    # Each row's parent's place among its sentence's rows (a beam search's parents are its sentence's).
+    parent_beams = tf.reshape(parents % rows_per_source, [-1, rows_per_source])
+    bias = tf.gather(cache[0][4], parent_beams, axis=2, batch_dims=1)
     return [(keys, values, tf.gather(recent_keys, parents), tf.gather(recent_values, parents), bias)
             for keys, values, recent_keys, recent_values, _ in cache]
 
@@ -191,7 +196,9 @@ def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache
         float32 those of the next token. With `use_cache` the cache and the
         context are the decoder's state as `layers.decoder` describes it:
         the self-attention cache, a `(keys, values)` pair of `(rows, heads,
-        room, head_dim)` a layer, and the source, `{"keys_values", "mask"}`,
+        room, head_dim)` a layer (with `chunk_steps`, the two parts of
+        `layers.cached_attention.settle_recent`, the settled part one row
+        per sentence), and the source, `{"keys_values", "mask"}`,
         one row per sentence. Without, the cache is the decoder's inputs so
         far, `(rows, max_length)`, and the context the encoder output and
         the mask. Either way the cache's rows and the context's sentences

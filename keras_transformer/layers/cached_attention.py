@@ -113,10 +113,10 @@ def _write_in_place(cached, new, cache_index):
 # and only the chunk's own few positions (recent) are written and copied; the
 # search writes the recent part into the settled one once a chunk
 # (`settle_recent`, `inference.search.Chunks`). The settled part holds
-# exactly the positions of the chunks before, nothing to mask: it starts
-# empty, and the recent part is appended to it as it settles. A step then
-# attends over as many positions as have been written, not over the longest
-# output allowed, and reads (and beam search gathers) no empty slots.
+# the positions of the chunks before and no empty room: it starts empty
+# (beam search's, with one masked slot), and the recent part is appended to
+# it as it settles. A step then attends over as many positions as have been
+# written, not over the longest output allowed.
 #
 #     (keys, values, recent_keys, recent_values[, settled_bias])
 #     keys (sentences, heads, settled, head_dim)    values (sentences, heads, head_dim, settled)
@@ -132,12 +132,12 @@ def _write_in_place(cached, new, cache_index):
 # multiplies a sentence's beams' queries with all of its settled keys, and
 # the weights with all of its values, in one matrix product per sentence and
 # head (XNNPACK runs it on every core), the other beams' slots masked:
-# four times the products at beam 4, and no gather of each row's history,
+# `rows_per_source` times the products, and no gather of each row's history,
 # a copy of the whole part on one core at every step
 # (`benchmarks/litert_settled_attention.py`). Within a chunk beam search
 # reorders the recent part's rows and the bias's beams
-# (`inference.steps.reorder_chunk`); the settle appends the recent part as
-# it is. Only a graph traced for LiteRT (`litert_tracing`) uses it.
+# (`inference.steps.reorder_chunk`); the settle appends the recent part and
+# never reorders. Only a graph traced for LiteRT (`litert_tracing`) uses it.
 
 # The settled part's first slot, for beam search: a settled part with no
 # slot at all is an empty matrix product, which XNNPACK refuses. It is
@@ -146,27 +146,36 @@ PLACEHOLDER_SLOTS = 1
 
 
 def settle_recent(cache, rows_per_source=1):
-    """A two-part cache with its recent part (a whole chunk of positions) appended to the settled one."""
+    """A layer's two-part cache with its recent part (a whole chunk of positions) appended to the settled one.
+
+    With several rows a sentence the chunk goes in by sentence; the bias,
+    the same for every layer, is left as it is (`settle_bias`).
+    """
     import tensorflow as tf
 
     keys, values, recent_keys, recent_values, *settled_bias = cache
-    if not settled_bias:  # one row a sentence
-        return (ops.concatenate([keys, recent_keys], axis=2), ops.concatenate([values, recent_values], axis=3),
-                recent_keys, recent_values)
+    appended_keys, appended_values = recent_keys, recent_values
+    if rows_per_source > 1:  # a sentence's beams' chunks side by side, beam-major: (sentences, heads, beams x chunk, …)
+        beams = rows_per_source
+        _, heads, chunk, head_dim = tf.unstack(tf.shape(recent_keys))
+        appended_keys = tf.reshape(tf.transpose(tf.reshape(recent_keys, [-1, beams, heads, chunk, head_dim]),
+                                                [0, 2, 1, 3, 4]), [-1, heads, beams * chunk, head_dim])
+        appended_values = tf.reshape(tf.transpose(tf.reshape(recent_values, [-1, beams, heads, head_dim, chunk]),
+                                                  [0, 2, 3, 1, 4]), [-1, heads, head_dim, beams * chunk])
+    return (tf.concat([keys, appended_keys], axis=2), tf.concat([values, appended_values], axis=3),
+            recent_keys, recent_values, *settled_bias)
+
+
+def settle_bias(settled_bias, rows_per_source, chunk):
+    """The settled part's bias with a chunk's `rows_per_source x chunk` slots appended: each beam sees its own."""
+    import tensorflow as tf
+
     beams = rows_per_source
-    _, heads, chunk, head_dim = tf.unstack(tf.shape(recent_keys))
-    # A sentence's beams' chunks side by side: (sentences, heads, beams x chunk, ...), beam-major.
-    recent_keys_by_sentence = tf.reshape(tf.transpose(tf.reshape(recent_keys, [-1, beams, heads, chunk, head_dim]),
-                                                      [0, 2, 1, 3, 4]), [-1, heads, beams * chunk, head_dim])
-    recent_values_by_sentence = tf.reshape(tf.transpose(tf.reshape(recent_values, [-1, beams, heads, head_dim, chunk]),
-                                                        [0, 2, 3, 1, 4]), [-1, heads, head_dim, beams * chunk])
-    # Each beam's row reads its own slots of the chunk: (beams, beams x chunk), 0 where the beams match.
-    own_slots = tf.repeat(tf.eye(beams), chunk, axis=1)
+    own_slots = tf.repeat(tf.eye(beams), chunk, axis=1)  # (beams, beams x chunk)
     new_bias = tf.where(own_slots > 0, 0.0, MASKED_LOGIT)
-    sentences = tf.shape(keys)[0]
+    sentences = tf.shape(settled_bias)[0]
     new_bias = tf.broadcast_to(new_bias[None, None], tf.stack([sentences, 1, beams, beams * chunk]))
-    return (tf.concat([keys, recent_keys_by_sentence], axis=2), tf.concat([values, recent_values_by_sentence], axis=3),
-            recent_keys, recent_values, tf.concat([settled_bias[0], new_bias], axis=3))
+    return tf.concat([settled_bias, new_bias], axis=3)
 
 
 def _write_along(cached, new, index, axis):
@@ -215,7 +224,8 @@ class _SettledBySentence:
 
         self.beams, self.heads, self.head_dim = beams, queries.shape[1], queries.shape[3]
         self.values = values  # (sentences, heads, head_dim, settled)
-        self.logits = tf.matmul(self._by_sentence(queries, self.head_dim), keys, transpose_b=True) + bias
+        products = tf.matmul(self._by_sentence(queries, self.head_dim), keys, transpose_b=True)
+        self.logits = ops.cast(products, "float32") + bias
 
     def _by_sentence(self, per_row, size=1):  # (rows, heads, 1, size) -> (sentences, heads, beams, size)
         import tensorflow as tf
@@ -231,7 +241,7 @@ class _SettledBySentence:
         return self._by_row(ops.max(self.logits, axis=-1, keepdims=True))
 
     def exponentials(self, largest):
-        return ops.exp(ops.cast(self.logits, "float32") - self._by_sentence(largest))
+        return ops.exp(self.logits - self._by_sentence(largest))
 
     def total(self, exponentials):
         return self._by_row(ops.sum(exponentials, axis=-1, keepdims=True))
@@ -355,6 +365,8 @@ class CachedMultiHeadAttention(MultiHeadAttention):
         # Of the recent part, the positions up to this step are visible.
         recent_logits = scores(recent_keys) + ops.where(ops.arange(chunk) <= position, 0.0, MASKED_LOGIT)
         if settled_bias:  # several rows a sentence: the settled part is read by sentence (`settle_recent`)
+            if rows_per_source < 2:
+                raise ValueError(f"a cache settled by sentence needs its rows_per_source, got {rows_per_source}")
             settled = _SettledBySentence(queries, keys, values, settled_bias[0], rows_per_source)
         else:
             settled = _SettledByRow(scores(keys), values)

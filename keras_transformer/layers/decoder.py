@@ -36,8 +36,9 @@ the result is the same; the source's keys and values are stored and read
 once per sentence, not once per beam. The shapes say k; a search that
 knows it when it traces its loop (a Python int) puts it in the source as
 `"rows_per_source"`, so that the graph regroups nothing for greedy search
-and computes no shapes for beams. It is not loop state: the step function
-adds it each time it hands the source to the model.
+and computes no shapes for beams (LiteRT's self-attention cache kept by
+sentence needs it: `layers.cached_attention`). It is not loop state: the
+step function adds it each time it hands the source to the model.
 """
 
 import keras
