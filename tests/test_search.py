@@ -178,6 +178,10 @@ def test_a_cache_settled_in_chunks_is_refused_where_it_cannot_run(model):
     for beam_size in (1, 2):
         with pytest.raises(ValueError, match="traced for LiteRT"):
             graph_function(lambda x: transformer_search(model, x, decoding(beam_size=beam_size), chunk_steps=4))(ids)
+    # Beam search's cache kept by sentence, stepped without the rows each sentence has.
+    _, cache, source = decoding_steps.transformer_step(model, ids, 4, rows_per_source=2, chunk_steps=4)
+    with tracing_for_litert(), pytest.raises(ValueError, match="needs its rows_per_source, got 1"):
+        model.decode_step(tf.fill([2 * ids.shape[0], 1], START), cache, 0, source)
 
 
 def _written_along_by_tensorflow(cached, new, index, axis):

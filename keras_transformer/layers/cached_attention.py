@@ -351,6 +351,8 @@ class CachedMultiHeadAttention(MultiHeadAttention):
         if ops.shape(query)[1] != 1 or self.sliding_window is not None:
             raise ValueError("a cache in two parts decodes one position at a time, without a sliding window")
         keys, values, recent_keys, recent_values, *settled_bias = cache
+        if settled_bias and rows_per_source < 2:
+            raise ValueError(f"a cache settled by sentence needs its rows_per_source, got {rows_per_source}")
         chunk = ops.shape(recent_keys)[2]
         position = cache_index % chunk
         new_keys, new_values = self._project_new_keys_values(query)
@@ -365,8 +367,6 @@ class CachedMultiHeadAttention(MultiHeadAttention):
         # Of the recent part, the positions up to this step are visible.
         recent_logits = scores(recent_keys) + ops.where(ops.arange(chunk) <= position, 0.0, MASKED_LOGIT)
         if settled_bias:  # several rows a sentence: the settled part is read by sentence (`settle_recent`)
-            if rows_per_source < 2:
-                raise ValueError(f"a cache settled by sentence needs its rows_per_source, got {rows_per_source}")
             settled = _SettledBySentence(queries, keys, values, settled_bias[0], rows_per_source)
         else:
             settled = _SettledByRow(scores(keys), values)
