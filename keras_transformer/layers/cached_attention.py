@@ -188,14 +188,15 @@ def _write_along(cached, new, index, axis):
     return xla.dynamic_update_slice(cached, tf.cast(new, cached.dtype), tf.stack(corner))
 
 
-class _SettledByRow:
-    """A step's read of a settled part with one row a sentence: each row's query against its own row.
+class _PartByRow:
+    """A step's read of a part of a two-part cache row by row: each row's query against its own row's positions.
 
-    Statistics of the softmax come and go as `(rows, heads, 1, 1)`, as the recent part's.
+    The recent part's, and the settled part's with one row a sentence.
+    Statistics of the softmax come and go as `(rows, heads, 1, 1)`.
     """
 
     def __init__(self, logits, values):
-        self.logits, self.values = logits, values  # (rows, heads, 1, settled), (rows, heads, head_dim, settled)
+        self.logits, self.values = logits, values  # (rows, heads, 1, positions), (rows, heads, head_dim, positions)
 
     def largest(self):
         return ops.max(self.logits, axis=-1, keepdims=True)
@@ -214,7 +215,7 @@ class _SettledBySentence:
     """A step's read of a settled part laid out by sentence (`settle_recent`): matrix products per sentence and head.
 
     The logits are `(sentences, heads, beams, settled)`; statistics of the
-    softmax come and go in the recent part's `(rows, heads, 1, 1)`. Every
+    softmax come and go as `_PartByRow`'s, `(rows, heads, 1, 1)`. Every
     reshape has one size unknown until the graph runs, so that LiteRT sizes
     it when it prepares the loop.
     """
@@ -365,17 +366,16 @@ class CachedMultiHeadAttention(MultiHeadAttention):
             return ops.cast(ops.expand_dims(ops.sum(part_keys * queries, axis=-1), 2), "float32")
 
         # Of the recent part, the positions up to this step are visible.
-        recent_logits = scores(recent_keys) + ops.where(ops.arange(chunk) <= position, 0.0, MASKED_LOGIT)
+        recent = _PartByRow(scores(recent_keys) + ops.where(ops.arange(chunk) <= position, 0.0, MASKED_LOGIT),
+                            recent_values)
         if settled_bias:  # several rows a sentence: the settled part is read by sentence (`settle_recent`)
             settled = _SettledBySentence(queries, keys, values, settled_bias[0], rows_per_source)
         else:
-            settled = _SettledByRow(scores(keys), values)
-        largest = ops.maximum(settled.largest(), ops.max(recent_logits, axis=-1, keepdims=True))
-        recent_exponentials = ops.exp(recent_logits - largest)
-        settled_exponentials = settled.exponentials(largest)
-        total = settled.total(settled_exponentials) + ops.sum(recent_exponentials, axis=-1, keepdims=True)
-        attended = (ops.sum(recent_values * ops.cast(recent_exponentials / total, recent_values.dtype), axis=-1)
-                    + settled.attended(settled_exponentials, total))
+            settled = _PartByRow(scores(keys), values)
+        largest = ops.maximum(settled.largest(), recent.largest())
+        settled_exponentials, recent_exponentials = settled.exponentials(largest), recent.exponentials(largest)
+        total = settled.total(settled_exponentials) + recent.total(recent_exponentials)
+        attended = settled.attended(settled_exponentials, total) + recent.attended(recent_exponentials, total)
         outputs = combine_heads(heads_last(ops.expand_dims(attended, 2)), self.output_kernel,
                                 self.output_bias if self.use_bias else None)
         return outputs, (keys, values, recent_keys, recent_values, *settled_bias)
