@@ -30,6 +30,7 @@ import re
 import sys
 
 from keras_transformer import startup
+from keras_transformer.lines import read_lines, valid_text
 from keras_transformer.runs import options
 
 # -- the parser, from the options table ------------------------------------------------
@@ -380,29 +381,25 @@ def _train_and_report(arguments, task):
 def _generate(arguments):
     settings = dict(seed=arguments.seed, temperature=arguments.temperature, top_k=arguments.top_k,
                     top_p=arguments.top_p, max_new_tokens=arguments.max_new_tokens)
+    if not (arguments.litert or arguments.run_dir):
+        raise ValueError("generate needs a run directory or --litert DIR")
+    # With --litert there is no run directory: the first positional is a text.
+    positionals = ([arguments.run_dir] if arguments.litert and arguments.run_dir is not None else [])
+    positionals += arguments.prompts
+    if not arguments.litert:
+        _task_of(arguments.run_dir, "generate", (options.LANGUAGE_MODEL,))
+    prompts, names = _texts_given(positionals)
+    if not prompts:
+        raise ValueError("give prompts as arguments or on stdin, one a line")
     if arguments.litert:
         from keras_transformer.on_device import LiteRTModel
 
-        prompts = ([arguments.run_dir] if arguments.run_dir else []) + arguments.prompts or _lines_from_stdin()
-        if not prompts:
-            raise ValueError("give prompts as arguments or on stdin, one a line")
-        for generated in LiteRTModel(arguments.litert).generate(prompts, **settings):
-            print(generated)
-        return
-    if not arguments.run_dir:
-        raise ValueError("generate needs a run directory or --litert DIR")
-    from keras_transformer.runs import language_model
+        texts = LiteRTModel(arguments.litert).generate(prompts, **settings)
+    else:
+        from keras_transformer.runs import language_model
 
-    _task_of(arguments.run_dir, "generate", (options.LANGUAGE_MODEL,))
-    prompts = arguments.prompts or _lines_from_stdin()
-    if not prompts:
-        raise ValueError("give prompts as arguments or on stdin, one a line")
-    texts = language_model.generate(
-        arguments.run_dir, prompts, seed=arguments.seed, temperature=arguments.temperature, top_k=arguments.top_k,
-        top_p=arguments.top_p, max_new_tokens=arguments.max_new_tokens,
-    )
-    for generated in texts:
-        print(generated)
+        texts = language_model.generate(arguments.run_dir, prompts, **settings)
+    _print_answers(texts, names)
 
 
 def _reports():
@@ -479,52 +476,67 @@ def _evaluate(arguments):
         _report_classification(task_module(task).evaluate(arguments.run_dir, arguments.csv, arguments.batch_size))
 
 
-def _lines_from_stdin():
-    return [line.rstrip("\n") for line in sys.stdin if line.strip()]
+def _texts_given(positionals):
+    """`(texts, names)`: the texts a command answers, one each, and how a message names each.
+
+    The arguments, or else every line of stdin, blank ones included (`lines`):
+    one answer per line, line N answering line N. Bytes that are not UTF-8
+    become U+FFFD, with one line on stderr naming where they were.
+    """
+    if positionals:
+        given = [valid_text(text) for text in positionals]
+        names = [f"argument {number}" for number in range(1, len(given) + 1)]
+    else:
+        given = read_lines(sys.stdin)
+        names = [f"line {number}" for number in range(1, len(given) + 1)]
+    for name, (_, repaired) in zip(names, given):
+        if repaired:
+            _warn(f"{name}: bytes that are not UTF-8 were read as U+FFFD")
+    return [text for text, _ in given], names
+
+
+def _print_answers(answers, names, unit="translated"):
+    """Each answer on its own line; then, on stderr, each text the model read only part of."""
+    for answer in answers:
+        print(answer)
+    for index, pieces in sorted(getattr(answers, "truncated", {}).items()):
+        read = f"its first {pieces} pieces" if pieces else "its beginning"
+        _warn(f"{names[index]} is longer than the model reads: only {read} were {unit}")
+
+
+def _warn(message):
+    print(f"keras-transformer: {message}", file=sys.stderr)
 
 
 def _translate(arguments):
-    sentences = arguments.sentences
     if sum(bool(road) for road in (arguments.saved_model, arguments.ctranslate2, arguments.litert)) > 1:
         raise ValueError("give one of --saved-model, --ctranslate2 and --litert")
+    if (arguments.litert or arguments.saved_model) and arguments.beam_size:
+        raise ValueError("--beam-size cannot change an export: its beam size was fixed by `export`")
+    exported = arguments.litert or arguments.ctranslate2 or arguments.saved_model
+    if not (exported or arguments.run_dir):
+        raise ValueError("translate needs a run directory or --saved-model EXPORT")
+    # With an export there is no run directory: the first positional is a sentence.
+    positionals = ([arguments.run_dir] if exported and arguments.run_dir is not None else []) + arguments.sentences
+    if not exported:
+        _task_of(arguments.run_dir, "translate", (options.TRANSLATION,))
+    sentences, names = _texts_given(positionals)
     if arguments.litert:
         # No TensorFlow in this process: the LiteRT runtime alone (keras_transformer.on_device).
-        if arguments.beam_size:
-            raise ValueError("--beam-size cannot change an export: its beam size was fixed by `export`")
         from keras_transformer.on_device import LiteRTModel
 
-        sentences = ([arguments.run_dir] if arguments.run_dir else []) + sentences
-        for translated in LiteRTModel(arguments.litert).translate(sentences or _lines_from_stdin()):
-            print(translated)
-        return
-    if arguments.ctranslate2:
-        # No run directory with an export: the first positional is a sentence.
-        sentences = ([arguments.run_dir] if arguments.run_dir else []) + sentences
+        translations = LiteRTModel(arguments.litert).translate(sentences)
+    else:
         from keras_transformer.runs import translation
 
-        for translated in translation.translate_with_ctranslate2(
-            arguments.ctranslate2, sentences or _lines_from_stdin(), arguments.beam_size
-        ):
-            print(translated)
-        return
-    if arguments.saved_model:
-        # No run directory with an export: the first positional is a sentence.
-        if arguments.beam_size:
-            raise ValueError("--beam-size cannot change an export: its beam size was fixed by `export`")
-        sentences = ([arguments.run_dir] if arguments.run_dir else []) + sentences
-    elif not arguments.run_dir:
-        raise ValueError("translate needs a run directory or --saved-model EXPORT")
-    else:
-        _task_of(arguments.run_dir, "translate", (options.TRANSLATION,))
-    sentences = sentences or _lines_from_stdin()
-    from keras_transformer.runs import translation
-
-    if arguments.saved_model:
-        translations = translation.translate_with_export(arguments.saved_model, sentences)
-    else:
-        translations = translation.translate(arguments.run_dir, sentences, arguments.beam_size)
-    for sentence in translations:
-        print(sentence)
+        if arguments.ctranslate2:
+            translations = translation.translate_with_ctranslate2(arguments.ctranslate2, sentences,
+                                                                  arguments.beam_size)
+        elif arguments.saved_model:
+            translations = translation.translate_with_export(arguments.saved_model, sentences)
+        else:
+            translations = translation.translate(arguments.run_dir, sentences, arguments.beam_size)
+    _print_answers(translations, names)
 
 
 def _average_checkpoints(arguments):
@@ -536,20 +548,25 @@ def _average_checkpoints(arguments):
 
 
 def _classify(arguments):
+    if not (arguments.litert or arguments.run_dir):
+        raise ValueError("classify needs a run directory or --litert DIR")
+    # With --litert there is no run directory: the first positional is a text.
+    positionals = ([arguments.run_dir] if arguments.litert and arguments.run_dir is not None else [])
+    positionals += arguments.texts
     if arguments.litert:
         from keras_transformer.on_device import LiteRTModel
 
-        texts = ([arguments.run_dir] if arguments.run_dir else []) + arguments.texts
-        for label, probability in LiteRTModel(arguments.litert).classify(texts or _lines_from_stdin()):
-            print(f"{label}\t{probability:.4f}")
-        return
-    if not arguments.run_dir:
-        raise ValueError("classify needs a run directory or --litert DIR")
-    _task_of(arguments.run_dir, "classify", (options.CLASSIFICATION,))
-    from keras_transformer.runs import classification
+        texts, names = _texts_given(positionals)
+        labels = LiteRTModel(arguments.litert).classify(texts)
+    else:
+        _task_of(arguments.run_dir, "classify", (options.CLASSIFICATION,))
+        from keras_transformer.runs import classification
 
-    for label, probability in classification.classify(arguments.run_dir, arguments.texts or _lines_from_stdin()):
-        print(f"{label}\t{probability:.4f}")
+        texts, names = _texts_given(positionals)
+        labels = classification.classify(arguments.run_dir, texts)
+    # A blank text has nothing to classify: a blank line answers it.
+    lines = ["" if label is None else f"{label}\t{probability:.4f}" for label, probability in labels]
+    _print_answers(lines, names)
 
 
 def _export(arguments):

@@ -30,6 +30,7 @@ import unicodedata
 
 import numpy as np
 
+from keras_transformer.lines import Answers, answer_each, valid_text
 from keras_transformer.startup import start_up_lines_dropped
 
 # A LiteRT export's two files (`export.litert` writes them; this module imports no TensorFlow to read them).
@@ -163,19 +164,29 @@ class LiteRTModel:
         it was imported for.
         """
         self._require("translation", "translate")
-        texts = _checked_texts(texts)
         batch_size = _checked_batch_size(self.settings.get("sentences_per_run", DEFAULT_BATCH_SIZE)
                                          if batch_size is None else batch_size)
         if source_language is None and target_language is None:
-            return [text.decode("utf-8") for batch in _batches(texts, batch_size)
-                    for text in self._answer(self._runner, batch)["translation"]]
+            return answer_each(texts, lambda asked: self._translate_in_batches(self._runner, asked, batch_size), "")
+        # Each text keeps its own codes, so every text goes in: the file answers a blank one "" itself.
+        texts = _checked_texts(texts)
         codes = [self._language_codes(value, name, len(texts))
                  for name, value in (("source_language", source_language), ("target_language", target_language))]
         runner = self.interpreter.get_signature_runner("translate_between")
-        return [text.decode("utf-8") for start in range(0, len(texts), batch_size)
-                for text in self._answer(runner, texts[start:start + batch_size],
-                                         source_language=codes[0][start:start + batch_size],
-                                         target_language=codes[1][start:start + batch_size])["translation"]]
+        return self._translate_in_batches(runner, texts, batch_size, source_language=codes[0],
+                                          target_language=codes[1])
+
+    def _translate_in_batches(self, runner, texts, batch_size, **codes):
+        """`lines.Answers`: each text's translation, and those cut at the model's length in `truncated`."""
+        texts = _checked_texts(texts)
+        translations, truncated = [], {}
+        for start in range(0, len(texts), batch_size):
+            part = {name: value[start:start + batch_size] for name, value in codes.items()}
+            outputs = self._answer(runner, texts[start:start + batch_size], **part)
+            translations.extend(text.decode("utf-8") for text in outputs["translation"])
+            for row in np.flatnonzero(outputs.get("truncated", [])):  # an export made before it says nothing
+                truncated[start + int(row)] = self.settings.get("max_source_pieces")
+        return Answers(translations, truncated)
 
     def _language_codes(self, codes, name, count):
         """`codes` (one for all texts, or one per text) as the file's input, or a one-line ValueError."""
@@ -197,16 +208,21 @@ class LiteRTModel:
     def classify(self, texts, batch_size=None):
         """`[(label, its probability)]`, one per text (as `keras-transformer classify` prints them).
 
+        A blank text has nothing to classify: `(None, None)`, without running the file.
         `batch_size`: the texts the file classifies at once; default: `DEFAULT_BATCH_SIZE`.
         """
         self._require("classification", "classify")
-        results = []
         batch_size = _checked_batch_size(DEFAULT_BATCH_SIZE if batch_size is None else batch_size)
-        for batch in _batches(_checked_texts(texts), batch_size):
-            outputs = self._answer(self._runner, batch)
-            results.extend((label.decode("utf-8"), float(row.max()))
-                           for label, row in zip(outputs["label"], outputs["probabilities"]))
-        return results
+
+        def classify_in_batches(texts):
+            results = []
+            for batch in _batches(_checked_texts(texts), batch_size):
+                outputs = self._answer(self._runner, batch)
+                results.extend((label.decode("utf-8"), float(row.max()))
+                               for label, row in zip(outputs["label"], outputs["probabilities"]))
+            return results
+
+        return answer_each(texts, classify_in_batches, (None, None))
 
     def generate(self, prompts, seed=0, temperature=None, top_k=None, top_p=None, max_new_tokens=None):
         """Each prompt continued: the whole texts, as `keras-transformer generate` prints them.
@@ -259,13 +275,7 @@ def _checked_texts(texts):
     """`texts` as the file's input: a string array of shape [batch], valid UTF-8 in NFC, or a one-line ValueError."""
     if isinstance(texts, (str, bytes)) or not hasattr(texts, "__iter__"):
         raise ValueError(f"texts must be a list of strings, got {type(texts).__name__}")
-    checked = []
-    for text in texts:
-        if isinstance(text, bytes):
-            text = text.decode("utf-8", errors="replace")
-        if not isinstance(text, str):
-            raise ValueError(f"texts must be a list of strings; one is {type(text).__name__}")
-        checked.append(unicodedata.normalize("NFC", text).encode("utf-8"))
+    checked = [unicodedata.normalize("NFC", valid_text(text)[0]).encode("utf-8") for text in texts]
     return np.array(checked, dtype=object).reshape([len(checked)])
 
 

@@ -54,7 +54,8 @@ def cli_here(*arguments, input=None, check=True):
     saved_level, saved_stdin = root.level, sys.stdin
     root.addHandler(handler)
     root.setLevel(logging.INFO)
-    sys.stdin = io.StringIO(input or "")
+    # Bytes are read as a file or a pipe gives them (the command reads stdin's bytes, `lines.read_lines`).
+    sys.stdin = io.TextIOWrapper(io.BytesIO(input)) if isinstance(input, bytes) else io.StringIO(input or "")
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             try:
@@ -149,3 +150,28 @@ def assert_same_weights(actual, expected, rtol=0.0, atol=1e-5):
                 assert np.abs(key_bias).max() < 1e-2, f"{name}: key biases should stay near 0"
             actual_weight, expected_weight = actual_weight[1], expected_weight[1]
         np.testing.assert_allclose(actual_weight, expected_weight, rtol=rtol, atol=atol, err_msg=name)
+
+
+# A document as users pipe one in: a byte-order mark, a CRLF line, an empty line, a line of spaces, a
+# Latin-1 "é" in a UTF-8 file, a line far longer than any model reads, and a plain last line.
+DOCUMENT_LINES = [
+    b"\xef\xbb\xbfA dog runs in the park.\r\n", b"\n", b"   \t \n", b"The young cat \xe9 sleeps.\n",
+    b" ".join([b"the big dog sees a young cat"] * 300) + b"\n", b"Today the children do not sleep.",
+]
+DOCUMENT = b"".join(DOCUMENT_LINES)
+# Each line as it is read alone: without its BOM and line ending, the bad byte as U+FFFD; None: blank.
+DOCUMENT_TEXTS = ["A dog runs in the park.", None, None, "The young cat \ufffd sleeps.",
+                  " ".join(["the big dog sees a young cat"] * 300), "Today the children do not sleep."]
+
+
+def check_one_answer_per_line(result, answer_alone, blank=""):
+    """`result` (a command run on `DOCUMENT`) answered each line, line N answering line N as if alone.
+
+    `answer_alone(text)`: the answer to that text given alone; `blank`: the
+    answer to a blank line. The bad byte's and the long line's lines are named on stderr.
+    """
+    answers = result.stdout.split("\n")
+    assert answers[-1] == "" and len(answers) - 1 == len(DOCUMENT_TEXTS), result.stdout
+    for text, answer in zip(DOCUMENT_TEXTS, answers):
+        assert answer == (blank if text is None else answer_alone(text)), (text[:40] if text else text, answer)
+    assert "line 4: bytes that are not UTF-8 were read as U+FFFD" in result.stderr

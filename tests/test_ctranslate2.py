@@ -140,6 +140,20 @@ def test_export_format_ctranslate2_and_translate_with_it_on_the_command_line(tra
 
 
 @pytest.mark.slow
+def test_a_document_comes_out_of_ctranslate2_with_as_many_lines_each_translated_as_if_alone(trained_demo_run,
+                                                                                            tmp_path):
+    from helpers import DOCUMENT, check_one_answer_per_line, cli_here
+
+    run, _ = trained_demo_run
+    cli_here("export", run, tmp_path / "ct2", "--format", "ctranslate2")
+    given = ["--ctranslate2", tmp_path / "ct2", "--beam-size", "2"]
+    result = cli_here("translate", *given, input=DOCUMENT)
+    check_one_answer_per_line(result, lambda text: cli_here("translate", *given, text).stdout.removesuffix("\n"))
+    pieces = json.loads((tmp_path / "ct2" / "keras_transformer.json").read_text())["max_source_length"] - 2
+    assert f"line 5 is longer than the model reads: only its first {pieces} pieces were translated" in result.stderr
+
+
+@pytest.mark.slow
 def test_a_mixed_bfloat16_run_translates_through_ctranslate2_as_through_the_run(trained_bfloat16_demo_run, tmp_path):
     """Every inference road computes in float32 by default, whatever the run trained in (docs/serving.md)."""
     import zipfile

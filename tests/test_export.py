@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import EXPORT_OPS, assert_it_lived, check_run_directory, cli_here, run
+from helpers import DOCUMENT, EXPORT_OPS, assert_it_lived, check_one_answer_per_line, check_run_directory, cli_here, run
 from keras_transformer.runs import translation
 from keras_transformer.export import export_translator, resolve_export
 
@@ -213,6 +213,18 @@ def test_the_cli_translates_through_the_export(export_base, in_process, trained_
     run_dir, _ = trained_demo_run
     refused = cli_here("export", run_dir, export_base, "--version", 1, check=False)
     assert refused.returncode == 2 and "already exists" in refused.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("road", ["run", "saved_model"])
+def test_a_document_comes_out_with_as_many_lines_each_translated_as_if_alone(road, export_base, trained_demo_run):
+    run_dir, _ = trained_demo_run
+    given = ["--saved-model", export_base] if road == "saved_model" else [run_dir, "--beam-size", BEAM_SIZE]
+    result = cli_here("translate", *given, input=DOCUMENT)
+    check_one_answer_per_line(result, lambda text: cli_here("translate", *given, text).stdout.removesuffix("\n"))
+    pieces = translation.load_translator(run_dir).pieces_read
+    assert f"line 5 is longer than the model reads: only its first {pieces} pieces were translated" in result.stderr
+    assert len(result.stderr.splitlines()) == 2, result.stderr
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import built_once
-from helpers import ENV, cli
+from helpers import DOCUMENT, ENV, check_one_answer_per_line, cli, cli_here
 
 from keras_transformer.data import demo_corpus
 from keras_transformer.export import litert
@@ -265,6 +265,21 @@ def test_the_command_line_exports_translates_without_tensorflow_and_refuses_an_e
     assert refused.returncode == 2 and "must be one of" in refused.stderr and not (tmp_path / "new").exists()
 
 
+@pytest.mark.slow
+def test_a_document_comes_out_of_the_file_with_as_many_lines_each_translated_as_if_alone(litert_exports):
+    run, exports = litert_exports
+    given = ["--litert", exports / "greedy"]
+    result = cli_here("translate", *given, input=DOCUMENT)
+    check_one_answer_per_line(result, lambda text: cli_here("translate", *given, text).stdout.removesuffix("\n"))
+    pieces = translation.load_translator(str(run)).pieces_read
+    assert f"line 5 is longer than the model reads: only its first {pieces} pieces were translated" in result.stderr
+    # A command line's own bad bytes (Python's surrogates) and blank arguments: one answer each, in order.
+    alone = cli_here("translate", *given, "A dog runs in the park.").stdout
+    result = cli_here("translate", *given, "", "A dog runs in the park.", "The young cat \udce9 sleeps.")
+    assert result.stdout == "\n" + alone + cli_here("translate", *given, "The young cat \ufffd sleeps.").stdout
+    assert result.stderr == "keras-transformer: argument 3: bytes that are not UTF-8 were read as U+FFFD\n"
+
+
 @pytest.mark.parametrize("lower_case", [False, True])
 def test_the_portable_tokenizer_segments_as_ours(lower_case):
     tokenizer = WordPieceTokenizer.learn(TOKENIZER_SENTENCES * 3, vocab_size=200, lower_case=lower_case)
@@ -308,6 +323,14 @@ def test_the_classifier_file_gives_the_runs_probabilities(classifier_exports):
         model.translate(["a"])
 
 
+@pytest.mark.slow
+def test_a_document_is_classified_line_by_line_a_blank_line_answered_blank(classifier_exports):
+    for given in (["--litert", classifier_exports / "litert"], [classifier_exports / "run"]):
+        result = cli_here("classify", *given, input=DOCUMENT)
+        check_one_answer_per_line(result, lambda text: cli_here("classify", *given, text).stdout.removesuffix("\n"))
+    assert LiteRTModel(classifier_exports / "litert").classify(["", " ", "x"])[:2] == [(None, None)] * 2
+
+
 @pytest.fixture(scope="session")
 def language_model_export(trained_language_model_run, tmp_path_factory):
     run, _ = trained_language_model_run
@@ -344,6 +367,16 @@ def test_the_language_model_file_continues_as_the_run_does(language_model_export
         with pytest.raises(ValueError, match="must be"):
             model.generate(prompts, **bad)
     assert model.generate(["A dog"], temperature=0) == language_model.generate(str(run), ["A dog"], temperature=0)
+
+
+@pytest.mark.slow
+def test_a_document_is_continued_line_by_line_a_blank_line_from_nothing(language_model_export):
+    run, export = language_model_export
+    for given in (["--litert", export], [run]):
+        given = [*given, "--temperature", "0", "--max-new-tokens", "5"]
+        result = cli_here("generate", *given, input=DOCUMENT)
+        check_one_answer_per_line(result, lambda text: cli_here("generate", *given, text).stdout.removesuffix("\n"),
+                                  blank=cli_here("generate", *given, "").stdout.removesuffix("\n"))
 
 
 def test_keras_export_to_litert_gives_the_models_logits_with_builtin_operators(tmp_path):

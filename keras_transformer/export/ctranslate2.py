@@ -33,6 +33,7 @@ patience rule; and ours also follows the greedy path and keeps it where it
 scores better. Beam outputs can differ where hypotheses are close.
 """
 
+import functools
 import json
 import os
 
@@ -40,6 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer.inference.tracing import graph_function
+from keras_transformer.lines import Answers, answer_each
 from keras_transformer.saving import directory_written_whole, first_line
 from keras_transformer.text import load_tokenizer
 
@@ -274,14 +276,19 @@ class CTranslate2Translator:
             raise ValueError(f"{model_dir} is not a loadable CTranslate2 model: {first_line(error)}") from None
 
     def source_tokens(self, texts):
-        """Each text's pieces as CTranslate2 reads them: [START] ... [END], cut to `max_source_length` keeping [END]."""
+        """Each text's pieces as CTranslate2 reads them: [START] ... [END], cut to `max_source_length` keeping [END].
+
+        `lines.Answers`: the token lists, and in `truncated` those cut, with the pieces kept.
+        """
         longest = self.settings["max_source_length"]
-        tokens = []
-        for ids in self._tokenize(tf.constant(list(texts), tf.string)).to_list():
+        pieces_read = longest - self.settings.get("source_frame_length", 2)
+        tokens, truncated = [], {}
+        for index, ids in enumerate(self._tokenize(tf.constant(list(texts), tf.string)).to_list()):
             if len(ids) > longest:
                 ids = ids[: longest - 1] + ids[-1:]
+                truncated[index] = pieces_read
             tokens.append([self.source_tokenizer.vocab[token_id] for token_id in ids])
-        return tokens
+        return Answers(tokens, truncated)
 
     def _decode(self, sources, beam_size, batch_size):
         """The best hypothesis (tokens, no [END]) of each source, each within its own output limit.
@@ -317,10 +324,18 @@ class CTranslate2Translator:
         return hypotheses
 
     def translate(self, texts, beam_size=None, batch_size=64):
-        """Python strings in, Python strings out (beam size default: the export's)."""
+        """Python strings in, one translation per string out (`lines.Answers`; beam size default: the export's).
+
+        A blank text's translation is "", found without CTranslate2; a text
+        cut at `max_source_length` is in the answer's `truncated`.
+        """
         beam_size = beam_size or self.settings["beam_size"]
-        texts = list(texts)
-        translations = []
+        return answer_each(texts, functools.partial(self._translate_in_batches, beam_size=beam_size,
+                                                    batch_size=batch_size), "")
+
+    def _translate_in_batches(self, texts, beam_size, batch_size):
+        translations, truncated = [], {}
+        frame = self.settings.get("source_frame_length", 2)
         for start in range(0, len(texts), batch_size):
             sources = self.source_tokens(texts[start : start + batch_size])
             ids = [[self._target_index[token] for token in hypothesis] or [0]
@@ -329,6 +344,6 @@ class CTranslate2Translator:
             padded = np.array([row + [0] * (width - len(row)) for row in ids], "int32")
             decoded = self._detokenize(padded).numpy()
             # [START] and [END] alone: nothing to translate, as ours.
-            frame = self.settings.get("source_frame_length", 2)
             translations += [text.decode("utf-8") if len(source) > frame else "" for text, source in zip(decoded, sources)]
-        return translations
+            truncated.update((start + row, pieces) for row, pieces in sources.truncated.items())
+        return Answers(translations, truncated)

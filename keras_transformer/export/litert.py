@@ -44,7 +44,7 @@ What changes on the way from the SavedModel (`export.translator`):
   precision it was trained in.
 
 Three kinds of run, three services: `LiteRTTranslation` (`text` ->
-`translation`, `score`), `LiteRTClassification` (`text` -> `label`,
+`translation`, `score`, `truncated`), `LiteRTClassification` (`text` -> `label`,
 `label_id`, `probabilities`) and `LiteRTGeneration` (`text` -> `text`,
 `continuation`, `new_tokens`; and `generate` with sampling settings).
 """
@@ -139,9 +139,14 @@ class LiteRTTokenizer:
         `language_ids`: `(batch,)` each text's language token, in place of
         the one prefix token (M2M100's, NLLB's source language).
         """
+        return self.framed_and_truncated(texts, language_ids)[0]
+
+    def framed_and_truncated(self, texts, language_ids=None):
+        """`(framed(texts), truncated)`: `truncated` `(batch,)` bool, the texts that did not fit `max_length`."""
         pieces = self.pieces(texts)
         leading = len(self.leading)
-        lengths = tf.minimum(tf.cast(pieces.row_lengths(), tf.int32) + leading + 1, self.max_length)
+        full_lengths = tf.cast(pieces.row_lengths(), tf.int32) + leading + 1
+        lengths = tf.minimum(full_lengths, self.max_length)
         width = tf.reduce_max(tf.concat([lengths, [0]], axis=0))
         inside = tf.pad(dense_rows(pieces, width), [[0, 0], [leading, 0]])[:, :width]  # column j: piece j - leading
         columns = tf.range(width)[None, :]
@@ -151,8 +156,9 @@ class LiteRTTokenizer:
                 raise ValueError("only a tokenizer with one prefix token (a language's) takes language_ids")
             leading_ids = tf.where(columns == leading - 1, language_ids[:, None], leading_ids)
         end = self.tokenizer.end_id
-        return tf.where(columns < leading, leading_ids,
-                        tf.where(columns == lengths[:, None] - 1, end, tf.where(columns < lengths[:, None], inside, 0)))
+        framed = tf.where(columns < leading, leading_ids,
+                          tf.where(columns == lengths[:, None] - 1, end, tf.where(columns < lengths[:, None], inside, 0)))
+        return framed, full_lengths > self.max_length
 
 
 # Sentences a SentencePiece model must segment as the checkpoint's tokenizer does for its LiteRT export.
@@ -317,7 +323,7 @@ class LiteRTService:
 
 
 class LiteRTTranslation(LiteRTService):
-    """A `Translator` in LiteRT's ops: `translate(text) -> {"translation", "score"}` (see the module docstring).
+    """A `Translator` in LiteRT's ops: `translate(text) -> {"translation", "score", "truncated"}` (module docstring).
 
     A multilingual checkpoint's (M2M100, NLLB) has the SavedModel's
     `translate_between` too: `text`, `source_language`, `target_language`.
@@ -332,7 +338,7 @@ class LiteRTTranslation(LiteRTService):
         super().__init__(translator.model, functions)
 
     def translate(self, text):
-        return self._translation(self.source.framed(text))
+        return self._translation(*self.source.framed_and_truncated(text))
 
     def translate_between(self, text, source_language, target_language):
         """`translate` with each text's own language pair, as `Translator.translate_between`.
@@ -345,12 +351,11 @@ class LiteRTTranslation(LiteRTService):
         translator = self.translator
         source_ids, source_known = translator.source_tokenizer.language_lookup(source_language)
         target_ids, target_known = translator.target_tokenizer.language_lookup(target_language)
-        outputs = self._translation(self.source.framed(text, source_ids), first_ids=target_ids,
-                                    unanswered=~(source_known & target_known))
-        return outputs
+        return self._translation(*self.source.framed_and_truncated(text, source_ids), first_ids=target_ids,
+                                 unanswered=~(source_known & target_known))
 
-    def _translation(self, source_ids, first_ids=None, unanswered=None):
-        """The search and the detokenizer; `unanswered` rows get "" and the score NaN."""
+    def _translation(self, source_ids, truncated, first_ids=None, unanswered=None):
+        """The search and the detokenizer; `unanswered` rows get "" and the score NaN; `truncated` passed on."""
         translator = self.translator
         tokens, scores = translator.search(source_ids, first_ids=first_ids, chunk_steps=CHUNK_STEPS)
         # The frame alone ([START] [END]): nothing to translate.
@@ -363,12 +368,13 @@ class LiteRTTranslation(LiteRTService):
         # Padded to the longest output allowed: the detokenizer's string join needs its width when traced.
         cap = translator.settings.max_output_length
         tokens = tf.reshape(tf.pad(tokens, [[0, 0], [0, cap - tf.shape(tokens)[1]]]), [-1, cap])
-        return {"translation": translator.target_tokenizer.detokenize(tokens), "score": scores}
+        return {"translation": translator.target_tokenizer.detokenize(tokens), "score": scores, "truncated": truncated}
 
     def settings(self):
         translator = self.translator
         return {
             "kind": "translation", **translator.settings.to_config(), "max_source_length": translator.model.max_length,
+            "max_source_pieces": translator.pieces_read,
             "sentences_per_run": self._sentences_per_run(),
             "lowercase": self.source.lower_case, "max_bytes": self.source.max_bytes,
             **({"languages": translator.languages} if translator.languages else {}),

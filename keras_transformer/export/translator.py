@@ -9,7 +9,9 @@ links tensorflow-text's ops) serves it as it is. It is written as version
 
 Signatures (see `SIGNATURES` and `LANGUAGE_PAIR_SIGNATURES`):
 - `serving_default`: `text` (string `[batch]`) -> `translation` (string
-  `[batch]`), `score` (float32 `[batch]`, the length-normalised log-probability).
+  `[batch]`), `score` (float32 `[batch]`, the length-normalised log-probability),
+  `truncated` (bool `[batch]`: the text was longer than the model reads, and
+  only its first `max_source_pieces` pieces, `translator.json`, were translated).
 - `translate_with_attention`: the same plus `source_tokens`, `target_tokens`
   (string `[batch, None]`, padded with "") and `cross_attention` (float32
   `[batch, layers, heads, target_tokens, source_tokens]`).
@@ -17,8 +19,8 @@ Signatures (see `SIGNATURES` and `LANGUAGE_PAIR_SIGNATURES`):
   padding, targets starting with [START]) -> `logits` (float32
   `[batch, target_len, target_vocab]`), for clients that tokenize themselves.
 - `translate_between`, in the export of an M2M100 or NLLB checkpoint only:
-  `text`, `source_language`, `target_language` -> `translation`, `score`
-  (see `Translator.translate_between`; `translator.json` lists the codes).
+  `text`, `source_language`, `target_language` -> `translation`, `score`,
+  `truncated` (see `Translator.translate_between`; `translator.json` lists the codes).
 
 Inputs are checked in the graph before any other kernel sees them (see
 `requests`): anything of another rank is refused with an `InvalidArgument`
@@ -52,6 +54,8 @@ SIGNATURES = {
 }
 # The signature of a multilingual checkpoint's export (`Translator.languages`), beside those above.
 LANGUAGE_PAIR_SIGNATURES = {"translate_between": ("text", "source_language", "target_language")}
+# What `serving_default` and `translate_between` answer.
+TRANSLATION_OUTPUTS = ("translation", "score", "truncated")
 
 class TranslationService:
     """The signatures of an export, around a `keras_transformer.inference.Translator`.
@@ -75,7 +79,7 @@ class TranslationService:
     @graph_function(input_signature=[TEXT])
     def serve(self, text):
         outputs = call_naming_captures(self.translator.__call__, self._capture_names, checked_sentences(text))
-        return {"translation": outputs["translation"], "score": outputs["score"]}
+        return {name: outputs[name] for name in TRANSLATION_OUTPUTS}
 
     @graph_function(input_signature=[TEXT])
     def translate_with_attention(self, text):
@@ -91,7 +95,7 @@ class TranslationService:
         inputs = (checked_sentences(text), checked_rank(source_language, "source_language", 1, expected),
                   checked_rank(target_language, "target_language", 1, expected))
         outputs = call_naming_captures(self.translator.translate_between, self._capture_names, *inputs)
-        return {"translation": outputs["translation"], "score": outputs["score"]}
+        return {name: outputs[name] for name in TRANSLATION_OUTPUTS}
 
     @graph_function(input_signature=[SOURCE_IDS, TARGET_IDS])
     def score_tokens(self, source_ids, target_ids):
@@ -175,6 +179,7 @@ def _settings(translator):
     return {
         **translator.settings.to_config(),
         "max_source_length": model.max_length,
+        "max_source_pieces": translator.pieces_read,
         "source_vocab_size": model.src_vocab_size,
         "target_vocab_size": model.tgt_vocab_size,
         "num_layers": model.num_layers,

@@ -6,8 +6,12 @@ cached search and the detokenizer, and needs no Python to run.
 """
 
 import dataclasses
+import functools
 
+import numpy as np
 import tensorflow as tf
+
+from keras_transformer.lines import Answers, answer_each
 
 from keras_transformer.inference.settings import DecodingSettings
 from keras_transformer.inference.steps import output_length_cap, transformer_search
@@ -36,9 +40,10 @@ class Translator(tf.Module):
 
     Returns:
         `{"translation": (batch,) strings, "score": (batch,) float32,
-        "tokens": (batch, steps) int32}`. Sources longer than the model's
-        `max_length` are truncated to it (keeping [END]); an empty source
-        gives "" with no tokens; bytes that are not UTF-8 are replaced.
+        "tokens": (batch, steps) int32, "truncated": (batch,) bool}`.
+        Sources longer than the model's `max_length` are truncated to it
+        (keeping [END]) and marked `truncated`; an empty source gives "" with
+        no tokens; bytes that are not UTF-8 are replaced.
         `translate_with_attention` adds the tokens as strings and the
         cross-attention the translation was produced with;
         `translate_between` takes each text's source and target language
@@ -70,7 +75,11 @@ class Translator(tf.Module):
         )
 
     def source_ids(self, texts, language_ids=None):
-        """`(batch, length)` int32 source ids, truncated to the model's max_length.
+        """`(batch, length)` int32 source ids, truncated to the model's max_length (`truncated_source_ids`)."""
+        return self.truncated_source_ids(texts, language_ids)[0]
+
+    def truncated_source_ids(self, texts, language_ids=None):
+        """`(ids, truncated)`: `(batch, length)` int32 source ids cut to the model's max_length, and which were cut.
 
         `language_ids`: each text's language token, in place of the source
         tokenizer's own (see `translate_between`).
@@ -84,7 +93,12 @@ class Translator(tf.Module):
         ids = ids.to_tensor()[:, :max_length]
         # A cut sentence still ends with [END], as in training.
         last_column = tf.range(tf.shape(ids)[1]) == max_length - 1
-        return tf.where(too_long[:, None] & last_column, self.source_tokenizer.end_id, ids)
+        return tf.where(too_long[:, None] & last_column, self.source_tokenizer.end_id, ids), too_long
+
+    @property
+    def pieces_read(self):
+        """The most pieces of a text the model reads: `max_length` less [START] and [END] (the tokenizer's frame)."""
+        return self.model.max_length - self.source_tokenizer.frame_length
 
     def search(self, source_ids, static_shapes=False, first_ids=None, chunk_steps=None):
         """Ids in, `(tokens, scores)` out (`static_shapes`, `chunk_steps`: see `inference.steps.transformer_search`).
@@ -95,7 +109,7 @@ class Translator(tf.Module):
                                   first_ids=first_ids, chunk_steps=chunk_steps)
 
     def _translate(self, texts, source_language_ids=None, target_language_ids=None):
-        source_ids = self.source_ids(texts, source_language_ids)
+        source_ids, truncated = self.truncated_source_ids(texts, source_language_ids)
         tokens, scores = self.search(source_ids, first_ids=target_language_ids)
         # The tokenizer's frame alone ([START] and [END]; a checkpoint's </s>): nothing to translate.
         empty = tf.reduce_sum(tf.cast(source_ids != 0, tf.int32), axis=1) <= self.source_tokenizer.frame_length
@@ -107,6 +121,7 @@ class Translator(tf.Module):
             "translation": tf.where(empty, tf.constant(""), self.target_tokenizer.detokenize(tokens)),
             "score": tf.where(empty, 0.0, scores),
             "tokens": tokens,
+            "truncated": truncated,
         }
 
     @graph_function(input_signature=[tf.TensorSpec([None], tf.string)])
@@ -219,10 +234,17 @@ class Translator(tf.Module):
         return tf.where(ids == tokenizer.pad_id, tf.constant(""), tokenizer.id_to_token(ids))
 
     def translate(self, texts, batch_size=64):
-        """Python strings in, Python strings out, in batches."""
-        texts = list(texts)
-        results = []
+        """Python strings in, one translation per string out, in batches (`lines.Answers`).
+
+        A blank text's translation is "" (the model never sees it); a text
+        cut at `max_length` is in the answer's `truncated`, with the pieces read.
+        """
+        return answer_each(texts, functools.partial(self._translate_in_batches, batch_size=batch_size), "")
+
+    def _translate_in_batches(self, texts, batch_size):
+        results, truncated = [], {}
         for start in range(0, len(texts), batch_size):
             outputs = self(tf.constant(texts[start : start + batch_size], tf.string))
             results.extend(text.decode("utf-8") for text in outputs["translation"].numpy())
-        return results
+            truncated.update((start + int(row), self.pieces_read) for row in np.flatnonzero(outputs["truncated"]))
+        return Answers(results, truncated)

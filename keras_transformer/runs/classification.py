@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer import data, evaluation, text, training
+from keras_transformer.lines import answer_each
 from keras_transformer.tensorboard_loggers import ClassifierAttentionLogger, EmbeddingProjectorLogger
 from keras_transformer.runs import encoders
 from keras_transformer.runs import run_dir as runs
@@ -182,9 +183,12 @@ class Classifier:
         return np.concatenate(batches)
 
     def classify(self, texts, batch_size=64):
-        """`[(label name, its probability)]`, one per text."""
-        probabilities = self.probabilities(texts, batch_size)
-        return [(self.class_names[int(row.argmax())], float(row.max())) for row in probabilities]
+        """`[(label name, its probability)]`, one per text; a blank text has nothing to classify: `(None, None)`."""
+        def classify_all(texts):
+            probabilities = self.probabilities(texts, batch_size)
+            return [(self.class_names[int(row.argmax())], float(row.max())) for row in probabilities]
+
+        return answer_each(texts, classify_all, (None, None))
 
 
 def classify(run_dir, texts):

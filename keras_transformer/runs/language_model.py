@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer import data, inference, models, text
+from keras_transformer.lines import valid_text
 from keras_transformer.runs import run_dir as runs
 from keras_transformer.runs.options import DEFAULTS, LANGUAGE_MODEL, LANGUAGE_MODEL_DATASETS, PACKINGS
 
@@ -208,9 +209,13 @@ def export_litert(run_dir, out_dir, quantization=None):
 
 
 def generate(run_dir, prompts, seed=0, temperature=None, top_k=None, top_p=None, max_new_tokens=None):
-    """Continue each prompt with sampled text (settings default to the run's); returns the whole texts."""
+    """Continue each prompt with sampled text (settings default to the run's); returns the whole texts.
+
+    A blank prompt is continued from nothing: the model's own first words.
+    """
     generator = load_generator(run_dir, temperature, top_k, top_p, max_new_tokens)
-    texts = generator(tf.constant(list(prompts), tf.string), seed=seed)["text"]
+    prompts = [valid_text(prompt)[0] for prompt in prompts]
+    texts = generator(tf.constant(prompts, tf.string), seed=seed)["text"]
     return [value.decode("utf-8") for value in texts.numpy()]
 
 

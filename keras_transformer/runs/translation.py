@@ -680,18 +680,28 @@ def _write_explorer(path, sentence, translation, tokens, maps):
 
 
 def translate_with_export(path, sentences, batch_size=64):
-    """Translate through an exported SavedModel, as a server would."""
+    """Translate through an exported SavedModel, as a server would (`lines.Answers`: one per sentence)."""
     import tensorflow as tf
 
-    from keras_transformer.export import load_export
+    from keras_transformer.export import load_export, resolve_export
+    from keras_transformer.lines import Answers, answer_each
+    from keras_transformer.saving import read_json
 
     serve = load_export(path).signatures["serving_default"]
-    sentences = list(sentences)
-    translations = []
-    for start in range(0, len(sentences), batch_size):
-        outputs = serve(text=tf.constant(sentences[start : start + batch_size], tf.string))
-        translations.extend(value.decode("utf-8") for value in outputs["translation"].numpy())
-    return translations
+    settings_path = os.path.join(resolve_export(path), "assets.extra", "translator.json")
+    settings = read_json(settings_path) if os.path.exists(settings_path) else {}
+
+    def translate_in_batches(sentences):
+        translations, truncated = [], {}
+        for start in range(0, len(sentences), batch_size):
+            outputs = serve(text=tf.constant(sentences[start : start + batch_size], tf.string))
+            translations.extend(value.decode("utf-8") for value in outputs["translation"].numpy())
+            if "truncated" in outputs:  # an export made before it was an output says nothing
+                for row in outputs["truncated"].numpy().nonzero()[0]:
+                    truncated[start + int(row)] = settings.get("max_source_pieces")
+        return Answers(translations, truncated)
+
+    return answer_each(sentences, translate_in_batches, "")
 
 
 __all__ = [
