@@ -88,7 +88,9 @@ def check_the_classifier_commands(run, tmp_path, capsys):
     capsys.readouterr()
     served = tf.saved_model.load(str(tmp_path / "exports" / "1")).signatures["serving_default"](text=tf.constant(texts))
     classifier = classification.Classifier(str(run))
-    assert [label.decode() for label in served["label"].numpy()] == [label for label, _ in classifier.classify(texts)]
+    # The signature answers every text, a blank one with what the model reads of [CLS] alone; the
+    # command line and `classify` answer a blank text with nothing (docs/translation.md).
+    assert [label.decode() for label in served["label"].numpy()[:2]] == [label for label, _ in classifier.classify(texts[:2])]
     np.testing.assert_allclose(served["probabilities"].numpy(), classifier.probabilities(texts), atol=1e-5)
 
 
