@@ -81,12 +81,11 @@ def main():
     parser.add_argument("--epochs", type=int, default=2)
     arguments = parser.parse_args()
 
-    from keras_transformer.runs import options, translation
-    from keras_transformer.runs import run_dir as runs
+    from keras_transformer.runs import fitting, options, translation
     from translate_multi30k import RECIPE
 
     seconds = collections.defaultdict(list)
-    plain_fit = runs.fit
+    plain_fit = fitting.fit
 
     def profiled_fit(model, run_dir, state, train_dataset, fit_arguments, callbacks):
         for callback in callbacks:
@@ -95,7 +94,7 @@ def main():
         first, last = phase_clocks(seconds)
         return plain_fit(model, run_dir, state, train_dataset, fit_arguments, [first, *callbacks, last])
 
-    runs.fit = profiled_fit  # the one place every task's training goes through
+    fitting.fit = profiled_fit  # the one place every task's training goes through
     config = options.merge_config(options.DEFAULTS[options.TRANSLATION], RECIPE)
     config["training"]["epochs"] = arguments.epochs
     work = tempfile.mkdtemp(prefix="epoch-profile-")

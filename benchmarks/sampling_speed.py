@@ -53,6 +53,7 @@ def prompts(batch, length, vocab_size, seed=0):
 def ours(size, batch, prompt_length, new_tokens, mode, jit_compile=False):
     import keras_transformer as kt
     from keras_transformer.inference import SamplingSettings, language_model_prefill, language_model_step, sample
+    from keras_transformer.inference.decoding import Decoding
 
     keras.utils.set_random_seed(0)
     model = kt.models.LanguageModel(**size, dropout=0.0, norm_first=True, activation="gelu", position="learned")
@@ -60,12 +61,15 @@ def ours(size, batch, prompt_length, new_tokens, mode, jit_compile=False):
     settings = dict(temperature=0) if mode == "greedy" else dict(temperature=1.0, top_k=50, seed=1)
     lengths = tf.fill([batch], prompt_length)
 
+    # TensorFlow's writes in place, as the Generator's; under XLA, the scatter (inference.decoding).
+    cache_policy = Decoding(in_place=not jit_compile).cache_policy(rows_per_source=1)
+
     @tf.function(jit_compile=jit_compile)
     def generate(token_ids):
-        step_fn, cache = language_model_step(model, batch, prompt_length + new_tokens)
+        step_fn, cache = language_model_step(model, batch, prompt_length + new_tokens, cache_policy=cache_policy)
         # End id -1: no token ends a text, as keras-hub is given no stop token.
         return sample(step_fn, cache, token_ids, lengths, -1, SamplingSettings(new_tokens, **settings),
-                      prefill_fn=language_model_prefill(model))[0]
+                      prefill_fn=language_model_prefill(model, cache_policy))[0]
 
     return model.count_params(), lambda token_ids: generate(tf.constant(token_ids))
 

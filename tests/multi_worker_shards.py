@@ -17,7 +17,7 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from keras_transformer import data, text, training  # noqa: E402
-from keras_transformer.runs import translation  # noqa: E402
+from keras_transformer.runs import translation, translation_data  # noqa: E402
 from keras_transformer.runs.run_dir import written_by_this_process  # noqa: E402
 
 PAIRS = data.demo_corpus()["train"][:300]
@@ -31,7 +31,7 @@ def write_pairs_seen(strategy, run_dir, out):
     split = data.Split(data.PairsInMemory(tuple(PAIRS)))
     with written_by_this_process(run_dir) as writable:
         shards = translation.token_shards(writable, "train", split, source_tokenizer, target_tokenizer, run_dir)
-        batches, _ = translation._worker_batches(
+        batches, _ = translation_data.worker_batches(
             strategy, shards, source_tokenizer, target_tokenizer, SETTINGS, BATCHING
         )
         seen, steps = [], 0

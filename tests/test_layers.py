@@ -118,8 +118,8 @@ def test_pre_ln_stack_has_a_final_norm_and_post_ln_does_not():
 
 @pytest.mark.parametrize("window", [None, 2])
 @pytest.mark.parametrize("length", [1, 2])
-def test_a_sentences_beams_read_its_source_once_as_copies_of_it_would(window, length):
-    # A beam search's rows of one sentence share its source: a decoding
+def test_rows_sharing_a_source_row_read_it_once_as_copies_of_it_would(window, length):
+    # A search's rows of one sentence (a beam search's beams) share its source: a decoding
     # step's outputs and cache are those of every row reading its own copy of the
     # cross-attention cache; padded source positions included.
     rows_per_source = 3
@@ -130,13 +130,13 @@ def test_a_sentences_beams_read_its_source_once_as_copies_of_it_would(window, le
     copies = lambda values: np.repeat(values, rows_per_source, axis=0)  # noqa: E731
     own = tuple(np.random.default_rng(4).normal(size=(2, BATCH * rows_per_source, 4, 4, D_MODEL // 4)).astype("float32"))
 
-    def decode(source, source_mask, rows_per_source=None):
+    def decode(source, source_mask, queries_per_source=None):
         return layer.decode_step(targets, own, 1, layer.compute_cross_attention_cache(source), source_mask,
-                                 rows_per_source=rows_per_source)
+                                 queries_per_source=queries_per_source)
 
     layer(targets, copies(source))  # build
-    with pytest.raises(ValueError, match="rows_per_source must be a positive integer, got 0"):
-        decode(source, source_mask, rows_per_source=0)
+    with pytest.raises(ValueError, match="queries_per_source must be a positive integer, got 0"):
+        decode(source, source_mask, queries_per_source=0)
     expected, expected_cache = decode(copies(source), copies(source_mask))
     # Told, or from the shapes: 6 rows on 2 sentences' source.
     for told in (rows_per_source, None):
@@ -154,8 +154,8 @@ def test_a_sentences_beams_read_its_source_once_as_copies_of_it_would(window, le
 
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="a graph with an unknown batch: TensorFlow's")
 def test_a_traced_step_with_an_unknown_batch_reads_a_sentences_rows_from_the_shapes():
-    # A caller that says nothing of beams, traced for any batch: the shapes, known only when it
-    # runs, say that 6 rows read a 2-sentence source, as rows_per_source=3 would.
+    # A caller that says nothing of its rows, traced for any batch: the shapes, known only when it
+    # runs, say that 6 rows read a 2-sentence source, as queries_per_source=3 would.
     import tensorflow as tf
 
     layer = kt.layers.DecoderLayer(num_heads=4, d_ff=32)
@@ -164,7 +164,7 @@ def test_a_traced_step_with_an_unknown_batch_reads_a_sentences_rows_from_the_sha
     own = tuple(np.random.default_rng(4).normal(size=(2, BATCH * 3, 4, 4, D_MODEL // 4)).astype("float32"))
     layer(targets, np.repeat(source, 3, axis=0))  # build
     keys, values = layer.compute_cross_attention_cache(source)
-    expected, _ = layer.decode_step(targets, own, 1, (keys, values), source_mask, rows_per_source=3)
+    expected, _ = layer.decode_step(targets, own, 1, (keys, values), source_mask, queries_per_source=3)
     spec = lambda value: tf.TensorSpec([None, *value.shape[1:]], value.dtype)  # noqa: E731
     arguments = (targets, *own, keys, values, source_mask)
     traced = tf.function(lambda t, own_keys, own_values, k, v, m: layer.decode_step(t, (own_keys, own_values), 1,

@@ -72,7 +72,7 @@ def test_a_beam_search_file_translates_a_large_batch_in_parts_as_it_would_at_onc
     # rows a sentence.
     run, exports = litert_exports
     assert LiteRTModel(exports / "beam").settings["sentences_per_run"] == 32
-    monkeypatch.setattr(litert, "CACHE_BYTES_PER_POSITION", 0)
+    monkeypatch.setattr(litert.signatures, "CACHE_BYTES_PER_POSITION", 0)
     translation.export_litert(str(run), str(tmp_path / "beam"), beam_size=4)
     beam = LiteRTModel(tmp_path / "beam")
     assert beam.settings["keep_greedy"] and beam.settings["sentences_per_run"] == litert.ROWS_PER_RUN // 5
@@ -128,7 +128,7 @@ def test_the_int8_files_lookups_read_int8_rows_and_translate_as_the_whole_table_
 
     texts = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Park.", "Eine Frau liest ein Buch.", ""]
     translation.export_litert(str(PUBLISHED / "run"), str(tmp_path / "rows"), quantization="int8", beam_size=2)
-    monkeypatch.setattr(litert, "int8_lookups", lambda model: model)
+    monkeypatch.setattr(litert.converter, "int8_lookups", lambda model: model)
     translation.export_litert(str(PUBLISHED / "run"), str(tmp_path / "whole"), quantization="int8", beam_size=2)
     files = {name: (tmp_path / name / litert.MODEL_FILE).read_bytes() for name in ("rows", "whole")}
     assert whole_tables_dequantized(files["whole"]) and not whole_tables_dequantized(files["rows"])
@@ -302,15 +302,25 @@ def classifier_exports(tmp_path_factory):
         cli("train-classifier", "--dataset", f"csv:{directory / 'reviews.csv'}", "--out", directory / "run",
             "--epochs", 1, "--vocab-size", 80, "--num-layers", 1, "--d-model", 16, "--num-heads", 2, "--d-ff", 32,
             "--max-length", 16, "--projector-samples", 10)
-        classification.export_litert(str(directory / "run"), str(directory / "litert"))
-        return {}
+        # The command a user runs (the installed console script), in a process of its own: what it
+        # prints is proved below.
+        exported = subprocess.run([str(Path(sys.executable).with_name("keras-transformer")), "export",
+                                   str(directory / "run"), str(directory / "litert"), "--format", "litert"],
+                                  capture_output=True, text=True, env=ENV, timeout=600, check=True)
+        return {"stdout": exported.stdout, "stderr": exported.stderr}
 
-    directory, _ = built_once(tmp_path_factory, "litert-classifier", train)
-    return Path(directory)
+    directory, printed = built_once(tmp_path_factory, "litert-classifier", train)
+    return Path(directory), printed
 
 
 @pytest.mark.slow
 def test_the_classifier_file_gives_the_runs_probabilities(classifier_exports):
+    classifier_exports, printed = classifier_exports
+    # The export says what it wrote and how to try it, and nothing else (no converter's chatter).
+    out = classifier_exports / "litert"
+    assert printed["stdout"].splitlines() == [f"exported LiteRT model: {out}",
+                                              f"try it:     keras-transformer classify --litert {out} \"...\""]
+    assert printed["stderr"] == "", printed["stderr"][-2000:]
     texts = ["The FILM was Great.", "awful, boring ACTORS", "", "Ünïcode İstanbul ÉNORME " * 10, "x"]
     classifier = classification.Classifier(str(classifier_exports / "run"))
     assert classifier.tokenizer.lower_case
@@ -325,6 +335,7 @@ def test_the_classifier_file_gives_the_runs_probabilities(classifier_exports):
 
 @pytest.mark.slow
 def test_a_document_is_classified_line_by_line_a_blank_line_answered_blank(classifier_exports):
+    classifier_exports, _ = classifier_exports
     for given in (["--litert", classifier_exports / "litert"], [classifier_exports / "run"]):
         result = cli_here("classify", *given, input=DOCUMENT)
         check_one_answer_per_line(result, lambda text: cli_here("classify", *given, text).stdout.removesuffix("\n"))

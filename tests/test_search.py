@@ -22,11 +22,13 @@ from keras_transformer.inference import (
     transformer_search,
     transformer_step,
 )
+from keras_transformer.export.litert import cache as litert_cache
+from keras_transformer.export.litert.decoding import LiteRTDecoding, spelled_out_log_softmax
+from keras_transformer.inference import decoding as runtime_decoding
 from keras_transformer.inference import steps as decoding_steps
-from keras_transformer.inference.search import log_softmax, top_log_probs
+from keras_transformer.inference.search import top_log_probs
 from keras_transformer.inference.settings import TokenRules
 from keras_transformer.inference.tracing import graph_function
-from keras_transformer.litert_tracing import tracing_for_litert
 from keras_transformer.text import WordPieceTokenizer
 
 START, END = 2, 3
@@ -71,7 +73,7 @@ def model():
 def cache_room(request, monkeypatch):
     """The decoding cache's first room: as shipped, or 2 positions, so that it grows (2, 4, 8, ...) mid-search."""
     if request.param == "room of 2":
-        monkeypatch.setattr(decoding_steps, "INITIAL_CACHE_ROOM", 2)
+        monkeypatch.setattr(runtime_decoding, "INITIAL_CACHE_ROOM", 2)
     return request.param
 
 
@@ -171,21 +173,18 @@ def test_a_cache_settled_in_chunks_is_refused_where_it_cannot_run(model):
     """LiteRT's searches decode on a cache in two parts that grows between chunks: elsewhere it is refused."""
     ids = sources()
     with pytest.raises(ValueError, match="grows between chunks"):
-        transformer_search(model, ids, decoding(beam_size=2), static_shapes=True, chunk_steps=4)
+        transformer_search(model, ids, decoding(beam_size=2), static_shapes=True, decoding=LiteRTDecoding(4))
     with pytest.raises(ValueError, match="key/value cache"):
-        transformer_search(model, ids, decoding(), use_cache=False, chunk_steps=4)
-    # Its writes are LiteRT's DYNAMIC_UPDATE_SLICE, which TensorFlow runs only under XLA.
-    for beam_size in (1, 2):
-        with pytest.raises(ValueError, match="traced for LiteRT"):
-            graph_function(lambda x: transformer_search(model, x, decoding(beam_size=beam_size), chunk_steps=4))(ids)
-    # Beam search's cache kept by sentence, stepped without the rows each sentence has.
-    _, cache, source = decoding_steps.transformer_step(model, ids, 4, rows_per_source=2, chunk_steps=4)
-    with tracing_for_litert(), pytest.raises(ValueError, match="needs its rows_per_source, got 1"):
-        model.decode_step(tf.fill([2 * ids.shape[0], 1], START), cache, 0, source)
+        transformer_search(model, ids, decoding(), use_cache=False, decoding=LiteRTDecoding(4))
+    # A cache laid out for beams (by sentence), stepped as one row a sentence's.
+    _, cache, source = decoding_steps.transformer_step(model, ids, 4, rows_per_source=2, decoding=LiteRTDecoding(4))
+    with pytest.raises(ValueError, match="for 1 row\\(s\\) a sentence has 4 parts"):
+        model.decode_step(tf.fill([2 * ids.shape[0], 1], START), cache, 0, source,
+                          cache_policy=litert_cache.TwoPartCache(rows_per_source=1))
 
 
 def _written_along_by_tensorflow(cached, new, index, axis):
-    """LiteRT's block write (`cached_attention._write_along`), as ops TensorFlow runs without XLA."""
+    """LiteRT's block write (`export.litert.cache.write_along`), as ops TensorFlow runs without XLA."""
     size = tf.shape(cached)[axis]
     before = tf.gather(cached, tf.range(index), axis=axis)
     after = tf.gather(cached, tf.range(index + tf.shape(new)[axis], size), axis=axis)
@@ -200,29 +199,26 @@ def test_searches_in_chunks_translate_as_the_ordinary_searches(model, monkeypatc
     divide no length limit here: sentences end mid-chunk, and the last
     chunk is cut short.
     """
-    from keras_transformer.layers import cached_attention
-
-    monkeypatch.setattr(cached_attention, "traced_for_litert", lambda: True)
-    monkeypatch.setattr(cached_attention, "_write_along", _written_along_by_tensorflow)
+    monkeypatch.setattr(litert_cache, "write_along", _written_along_by_tensorflow)
     ids = sources(3, batch=6)
+    litert = LiteRTDecoding(chunk_steps)
     for beam_size, keep_greedy in ((1, False), (3, True), (2, False)):
         settings = decoding(beam_size=beam_size, keep_greedy=keep_greedy, max_extra_length=4)
         ordinary = graph_function(lambda x: transformer_search(model, x, settings))(ids)
-        chunked = graph_function(lambda x: transformer_search(model, x, settings, chunk_steps=chunk_steps))(ids)
+        chunked = graph_function(lambda x: transformer_search(model, x, settings, decoding=litert))(ids)
         np.testing.assert_array_equal(chunked[0].numpy(), ordinary[0].numpy())
         np.testing.assert_allclose(chunked[1].numpy(), ordinary[1].numpy(), atol=1e-5)
     # A one-step limit: every sentence finishes at the first step, the batch empties in the first chunk.
     settings = decoding(max_extra_length=0, max_output_length=1)
-    chunked = graph_function(lambda x: transformer_search(model, x, settings, chunk_steps=chunk_steps))(ids)
+    chunked = graph_function(lambda x: transformer_search(model, x, settings, decoding=litert))(ids)
     np.testing.assert_array_equal(chunked[0].numpy(), graph_function(
         lambda x: transformer_search(model, x, settings))(ids)[0].numpy())
 
 
 def test_the_log_softmax_spelled_out_for_litert_equals_tensorflows():
     logits = tf.constant(np.random.default_rng(0).normal(scale=20.0, size=(3, 1000)), tf.float32)
-    with tracing_for_litert():
-        spelled_out = log_softmax(logits)
-    np.testing.assert_allclose(spelled_out.numpy(), tf.nn.log_softmax(logits).numpy(), rtol=1e-6, atol=1e-4)
+    np.testing.assert_allclose(spelled_out_log_softmax(logits).numpy(), tf.nn.log_softmax(logits).numpy(),
+                               rtol=1e-6, atol=1e-4)
 
 
 @pytest.mark.parametrize("vocab_size", [58101, 10000, 1000])
@@ -239,8 +235,7 @@ def test_the_candidates_found_in_blocks_for_litert_are_tensorflows_top_k(vocab_s
     logits[2, [10, vocab_size - 5, vocab_size - 4]] = [1.0, 2.0, 1.0]
     for k in (1, 8):
         expected = top_log_probs(tf.constant(logits), k, rules)
-        with tracing_for_litert():
-            found = top_log_probs(tf.constant(logits), k, rules)
+        found = LiteRTDecoding().top_log_probs(tf.constant(logits), k, rules)
         np.testing.assert_array_equal(found[1].numpy(), expected[1].numpy())
         np.testing.assert_allclose(found[0].numpy(), expected[0].numpy(), rtol=1e-6, atol=1e-5)
         assert not np.isin(found[1].numpy(), rules.never).any()
@@ -610,7 +605,7 @@ def test_searches_compile_with_xla_on_a_cache_with_all_its_room(model, beam_size
     settings = decoding(beam_size=beam_size, max_extra_length=20)
     plain = graph_function(lambda x: transformer_search(model, x, settings))(ids)
     compiled = graph_function(lambda x: transformer_search(model, x, settings, static_shapes=True), jit_compile=True)(ids)
-    assert (plain[0].numpy() != 0).sum(axis=1).max() > decoding_steps.INITIAL_CACHE_ROOM  # the plain one's cache grew
+    assert (plain[0].numpy() != 0).sum(axis=1).max() > runtime_decoding.INITIAL_CACHE_ROOM  # the plain one's cache grew
     np.testing.assert_array_equal(compiled[0].numpy(), plain[0].numpy())
     np.testing.assert_allclose(compiled[1].numpy(), plain[1].numpy(), atol=1e-5)
 

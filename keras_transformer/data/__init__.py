@@ -35,12 +35,14 @@ from keras_transformer.data.pipeline import (
     count_batches,
     each_epoch,
     pair_counts,
+    make_translation_batches,
+    shuffle_each_epoch,
+)
+from keras_transformer.data.encoder_batches import (
     hidden_positions,
     make_classification_batches,
     make_pretraining_batches,
-    make_translation_batches,
     mask_tokens,
-    shuffle_each_epoch,
 )
 
 __all__ = [

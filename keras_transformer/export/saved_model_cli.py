@@ -8,8 +8,12 @@ been imported. Same arguments as `saved_model_cli`:
         --tag_set serve --signature_def serving_default --input_exprs 'text=["Ein Hund läuft."]'
 """
 
+import sys
+from importlib.metadata import entry_points
+
 import tensorflow_text  # noqa: F401  (registers the ops)
-from tensorflow.python.tools import saved_model_cli
 
 if __name__ == "__main__":
-    saved_model_cli.main()
+    # The command TensorFlow installs as `saved_model_cli`, found as pip found it: its entry point.
+    (command,) = entry_points(group="console_scripts", name="saved_model_cli")
+    sys.exit(command.load()())

@@ -30,6 +30,8 @@ empty batch gives empty outputs, bytes that are not UTF-8 are replaced by
 U+FFFD.
 """
 
+import os
+
 import tensorflow as tf
 
 from keras_transformer.export.captures import call_naming_captures, capture_names
@@ -46,6 +48,7 @@ from keras_transformer.export.requests import (
 )
 from keras_transformer.export.versions import version_path, write_version
 from keras_transformer.inference.tracing import graph_function
+from keras_transformer.saving import read_json
 
 SIGNATURES = {
     "serving_default": ("text",),
@@ -54,6 +57,8 @@ SIGNATURES = {
 }
 # The signature of a multilingual checkpoint's export (`Translator.languages`), beside those above.
 LANGUAGE_PAIR_SIGNATURES = {"translate_between": ("text", "source_language", "target_language")}
+# What the export records beside its graph (`assets.extra/`): its settings and signatures.
+SETTINGS_FILE = "translator.json"
 # What `serving_default` and `translate_between` answer.
 TRANSLATION_OUTPUTS = ("translation", "score", "truncated")
 
@@ -170,7 +175,18 @@ def export_translator(translator, export_base, version=None):
         The path of the new version directory.
     """
     version_path(export_base, version)  # a taken version is refused before anything is traced
-    return write_version(export_base, version, TranslationService(translator), "translator.json", _settings(translator))
+    return write_version(export_base, version, TranslationService(translator), SETTINGS_FILE, _settings(translator))
+
+
+def export_settings(version_dir):
+    """What the export at `version_dir` recorded of itself (`_settings`), or {} where it recorded nothing."""
+    path = os.path.join(version_dir, "assets.extra", SETTINGS_FILE)
+    return read_json(path) if os.path.exists(path) else {}
+
+
+def signature_names(version_dir):
+    """The signatures an export at `version_dir` answers, as its `translator.json` lists them."""
+    return list(export_settings(version_dir)["signatures"])
 
 
 def _settings(translator):

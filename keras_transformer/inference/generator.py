@@ -12,6 +12,7 @@ settings may be tensors, which is how the export takes them per request.
 
 import tensorflow as tf
 
+from keras_transformer.inference.decoding import Decoding
 from keras_transformer.inference.sampling import SamplingSettings, sample
 from keras_transformer.text.portable import dense_rows
 from keras_transformer.inference.steps import language_model_prefill, language_model_step
@@ -112,13 +113,20 @@ class Generator(tf.Module):
         # The sampler's buffer has room for the longest allowed text; keep the columns used.
         return self.outputs(tokens[:, : tf.reduce_max(tf.concat([lengths, [1]], axis=0))], lengths, prompt_lengths)
 
-    def sample(self, prompts, prompt_lengths, settings):
-        """`(tokens, lengths)` of `sampling.sample` with `settings`, on the model's key/value cache."""
+    def sample(self, prompts, prompt_lengths, settings, cache_policy=None):
+        """`(tokens, lengths)` of `sampling.sample` with `settings`, on the model's key/value cache.
+
+        `cache_policy`: how the cache is written (default: TensorFlow's in
+        place, `inference.decoding`; a runtime may bring its own).
+        """
+        cache_policy = cache_policy or Decoding().cache_policy(rows_per_source=1)
         rows, width = tf.shape(prompts)[0], tf.shape(prompts)[1]
-        step_fn, cache = language_model_step(self.model, rows, width + settings.max_new_tokens)
+        step_fn, cache = language_model_step(self.model, rows, width + settings.max_new_tokens,
+                                             cache_policy=cache_policy)
         tokenizer = self.tokenizer
         return sample(step_fn, cache, prompts, prompt_lengths, tokenizer.end_id, settings,
-                      never=(tokenizer.pad_id, tokenizer.start_id), prefill_fn=language_model_prefill(self.model))
+                      never=(tokenizer.pad_id, tokenizer.start_id),
+                      prefill_fn=language_model_prefill(self.model, cache_policy))
 
     def outputs(self, tokens, lengths, prompt_lengths):
         """The texts of sampled `tokens`: the whole text, what follows the prompt, and how many tokens that is.

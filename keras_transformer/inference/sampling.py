@@ -30,7 +30,7 @@ import collections
 
 import tensorflow as tf
 
-from keras_transformer.inference.search import NEG_INF, loop_shapes, write_column
+from keras_transformer.inference.loops import NEG_INF, loop_shapes, write_column
 
 
 class SamplingSettings(collections.namedtuple(

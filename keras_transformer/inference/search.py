@@ -28,8 +28,8 @@ tensors with a row of each tensor per row of the search:
   does, and the Transformer's with `growing_cache=False`) keeps the searches
   XLA friendly (with `drop_finished=False`, below). Beam search runs `beam_size` rows a sentence (one more with
   `keep_greedy`), a sentence's rows next to each other, and after every step
-  gathers the cache rows of the hypotheses that survive (or has `Chunks`
-  reorder them, below).
+  gathers the cache rows of the hypotheses that survive (or has the
+  runtime's `loops.Chunks` reorder them: `decoding.Decoding`).
 - `context`: what no step changes (the encoded source), one row per
   sentence on axis 0, whatever the rows per sentence: every row of a
   sentence reads the same, so the searches never reorder it; they only drop
@@ -40,7 +40,9 @@ longest in its batch. With `drop_finished` the searches set a finished
 sentence's result aside and drop its rows from the cache and its row of the context,
 so that every later step computes only for the sentences still searching,
 as CTranslate2 does. That changes the rows' count from step to step; XLA,
-which needs fixed shapes, takes `drop_finished=False`.
+which needs fixed shapes, takes `drop_finished=False`. The loop itself, the
+same for both searches, is `loops.run_search`; this module holds what each
+search does at a step (its strategy) and how it reads the model's logits.
 
 Everything is TensorFlow ops, so the searches run inside `tf.function` and in
 an exported SavedModel. What to search for comes as one `DecodingSettings`
@@ -63,39 +65,18 @@ import collections
 
 import tensorflow as tf
 
+from keras_transformer.inference.loops import (  # noqa: F401 (NEG_INF, num_steps, write_column: the searches' API)
+    NEG_INF,
+    all_true,
+    any_true,
+    count_true,
+    num_steps,
+    run_search,
+    write_column,
+)
 from keras_transformer.inference.settings import STOP_RULES
-from keras_transformer.litert_tracing import traced_for_litert
 
-# Stands in for log(0): finite, so that arithmetic on it never makes NaN.
-NEG_INF = -1e9
-
-
-def num_steps(max_lengths):
-    """The most steps a search with these per-sentence limits runs (at least 1): the room its cache needs."""
-    return tf.maximum(tf.reduce_max(tf.convert_to_tensor(max_lengths, tf.int32)), 1)
-
-
-def _open_axis(shape, axis):
-    """`shape` with `axis` left unknown."""
-    if shape.rank in (None, 0):
-        return shape
-    dims = shape.as_list()
-    dims[axis] = None
-    return tf.TensorShape(dims)
-
-
-def loop_shapes(loop_vars, cache_position, cache_grows=True):
-    """Loop-variable shapes with the rows' axis left open (sentences leave the batch; gathers lose its static size),
-    and, where a step function may grow its cache, every axis of the cache."""
-    shapes = [tf.nest.map_structure(lambda value: _open_axis(value.shape, 0), var) for var in loop_vars]
-    open_all = lambda value: tf.TensorShape([None] * value.shape.rank)  # noqa: E731
-    shapes[cache_position] = tf.nest.map_structure(
-        open_all if cache_grows else lambda value: value.shape, loop_vars[cache_position]
-    )
-    return tuple(shapes)
-
-
-def _forbidden_row(vocab_size, never):
+def forbidden_row(vocab_size, never):
     """`(vocab_size,)` float32: -inf (`NEG_INF`) at the `never` ids, 0 elsewhere.
 
     The vocabulary size is static for a model's logits, so this row is a
@@ -106,7 +87,7 @@ def _forbidden_row(vocab_size, never):
     return tf.where(forbidden, tf.constant(NEG_INF, tf.float32), tf.constant(0.0, tf.float32))
 
 
-def top_log_probs(logits, k, rules):
+def top_log_probs(logits, k, rules, log_softmax=tf.nn.log_softmax):
     """Each row's `k` most probable next tokens, the `rules`' forbidden ids left out.
 
     A search reads no more than a few of a row's `vocab` log-probabilities
@@ -119,6 +100,8 @@ def top_log_probs(logits, k, rules):
         k: candidates per row.
         rules: the `TokenRules`: `never` (forbidden: log-probability -inf)
             and `renormalize` (normalise again without them).
+        log_softmax: the normaliser (a runtime may spell it out in the
+            operators it runs fastest).
 
     Returns:
         `(log_probs (rows, k), ids (rows, k) int32)`, best first; equal
@@ -128,68 +111,13 @@ def top_log_probs(logits, k, rules):
     vocab_size = logits.shape[-1] or tf.shape(logits)[-1]
     if logits.shape[-1] is not None:
         k = min(k, logits.shape[-1])  # a vocabulary smaller than k has that many candidates
-    forbidden = _forbidden_row(vocab_size, rules.never)
-    never = len(set(rules.never))
-    block = _block_size(logits.shape[-1], k + never) if traced_for_litert() else None
-    if block is None:
-        # Added, not selected: an addition of a constant row runs on every core and the CPU's widest
-        # vectors in LiteRT (XNNPACK), its selection does not. A forbidden id scores about -1e9 either way.
-        log_probs = log_softmax(logits) + forbidden
-        if rules.renormalize:
-            log_probs = log_softmax(log_probs)
-        return tf.math.top_k(log_probs, k)
-    return _top_log_probs_in_blocks(logits, k, block, forbidden, never, rules.renormalize)
-
-
-def _block_size(vocab_size, k):
-    """The block `_top_log_probs_in_blocks` cuts a row of `vocab_size` logits into, or None (too few to pay).
-
-    A divisor of the vocabulary size (a reshape into blocks moves no
-    number), near `sqrt(vocab_size / k)`, which makes the two top-k's after
-    the blocks' maxima, over `vocab_size / block` maxima and over `k`
-    blocks, cheapest together.
-    """
-    if vocab_size is None or vocab_size < 64 * k:
-        return None
-    best = (vocab_size / k) ** 0.5
-    divisors = [size for size in range(8, min(vocab_size // k, 4096) + 1) if vocab_size % size == 0]
-    block = min(divisors, key=lambda size: abs(size - best), default=None)
-    # A vocabulary with no useful divisor (a prime size) keeps the plain top-k.
-    return block if block is not None and vocab_size // block + k * block < vocab_size // 4 else None
-
-
-def _top_log_probs_in_blocks(logits, k, block, forbidden, never, renormalize):
-    """`top_log_probs` as LiteRT runs it fastest: the fewest passes over the logits, a top-k over a few.
-
-    LiteRT's `TOPK_V2` is a scalar loop over every number it is given, and
-    at a large vocabulary each pass over the `(rows, vocab)` numbers (a
-    log-softmax spelled out, an added row, a selection) costs a good part of
-    what the model's int8 products do. So the logits are cut into blocks
-    (a reshape, which moves nothing): one `max` pass gives each block's
-    largest logit and, from those, the row's largest for the normaliser
-    (`m + log(sum(exp(logits - m)))`, as in `log_softmax`); the `k` largest
-    logits lie in the `k` blocks with the largest maxima, and a top-k over
-    those blocks' logits finds them. Only these candidates are normalised.
-    The forbidden ids are taken out among the candidates (`never` more of
-    them, one for each forbidden id, in case they are the largest), unless
-    `renormalize` takes them out of the normaliser too.
-    """
-    if renormalize:
-        logits, never = logits + forbidden, 0
-    wanted = k + never
-    blocks = tf.reshape(logits, [-1, logits.shape[-1] // block, block])  # -1: LiteRT knows every size in its loop
-    block_largest = tf.reduce_max(blocks, axis=-1)
-    largest = tf.reduce_max(block_largest, axis=-1, keepdims=True)
-    log_total = largest + tf.math.log(tf.reduce_sum(tf.exp(blocks - largest[:, :, None]), axis=[1, 2])[:, None])
-    _, best_blocks = tf.math.top_k(block_largest, wanted)
-    best_blocks = -tf.math.top_k(-best_blocks, wanted).values  # in id order: ties go to the lower id, as top_k's do
-    values, within = tf.math.top_k(tf.reshape(tf.gather(blocks, best_blocks, batch_dims=1), [-1, wanted * block]),
-                                   wanted)
-    ids = tf.gather(best_blocks, within // block, batch_dims=1) * block + within % block
-    if never:
-        values, best = tf.math.top_k(values + tf.gather(forbidden, ids), k)
-        ids = tf.gather(ids, best, batch_dims=1)
-    return values - log_total, ids
+    forbidden = forbidden_row(vocab_size, rules.never)
+    # Added, not selected: an addition of a constant row is one pass over the logits that every
+    # runtime vectorises. A forbidden id scores about -1e9 either way.
+    log_probs = log_softmax(logits) + forbidden
+    if rules.renormalize:
+        log_probs = log_softmax(log_probs)
+    return tf.math.top_k(log_probs, k)
 
 
 def _apply_rules(candidates, rules, step, row_limits, first_ids):
@@ -218,131 +146,6 @@ def _apply_rules(candidates, rules, step, row_limits, first_ids):
     return log_probs, ids
 
 
-def _candidates(step_fn, last, cache, step, context, rules, row_limits, first_ids, k):
-    """One model step: each row's `k` best next tokens under `rules`, `(log_probs, ids)`, and the updated cache."""
-    logits, cache = step_fn(last, cache, step, context)
-    return _apply_rules(top_log_probs(logits, k, rules), rules, step, row_limits, first_ids), cache
-
-
-def log_softmax(logits):
-    """log(softmax(logits)) over the last axis: `logits - log(sum(exp(logits)))`.
-
-    Traced for LiteRT (`litert_tracing`), it is spelled out as
-    `logits - (m + log(sum(exp(logits - m))))` with `m` each row's largest
-    logit (so that no exponential overflows). LiteRT hands those operators to
-    XNNPACK, whose kernels use the CPU's widest vectors; its own `LOG_SOFTMAX`
-    kernel is compiled for 128-bit SSE, and runs about three times slower
-    still right after XNNPACK's int8 matrix products, which leave the AVX-512
-    registers' upper halves in use (the CPU then makes every SSE instruction
-    wait on them). Over a batch of 32 rows of 58,101 logits the spelled-out
-    form took a fraction of `LOG_SOFTMAX`'s time (`benchmarks/litert_log_softmax.py`).
-    LiteRT's searches use it where their vocabulary is not cut into blocks
-    (`top_log_probs`).
-    The converter recognises `(logits - m) - log(sum(exp(logits - m)))` as
-    `LOG_SOFTMAX` and fuses it back; this order of operations it leaves.
-    """
-    if not traced_for_litert():
-        return tf.nn.log_softmax(logits)
-    largest = tf.reduce_max(logits, axis=-1, keepdims=True)
-    log_total = largest + tf.math.log(tf.reduce_sum(tf.exp(logits - largest), axis=-1, keepdims=True))
-    return logits - log_total
-
-
-def count_true(values, axis):
-    """`(values).sum(axis)` of a boolean tensor, int32, as a float32 sum.
-
-    A float sum, not an integer one: LiteRT hands float sums to XNNPACK,
-    while its own integer and boolean reductions size a scratch tensor at
-    every run, and a loop holding one such tensor copies its whole state
-    from step to step (`WHILE`'s dynamic path). Exact for counts below 2**24.
-    """
-    return tf.cast(tf.reduce_sum(tf.cast(values, tf.float32), axis=axis), tf.int32)
-
-
-def any_true(values, axis):
-    """`tf.reduce_any(values, axis)`, counted (`count_true`)."""
-    return count_true(values, axis) > 0
-
-
-def all_true(values, axis):
-    """`tf.reduce_all(values, axis)`, counted (`count_true`)."""
-    return ~any_true(~values, axis)
-
-
-def write_column(buffer, column, values):
-    """buffer[..., column] = values, with core ops only (graph and Serving friendly)."""
-    positions = tf.range(tf.shape(buffer)[-1])
-    return tf.where(positions == column, values[..., None], buffer)
-
-
-# -- the sentences still searching -----------------------------------------------
-
-# The sentences a search still works on: their places in the batch, their limits and their forced
-# first tokens (each sentence's own, when the search was given some; else unread zeros).
-Sentences = collections.namedtuple("Sentences", ["places", "max_lengths", "first_ids"])
-
-
-def _take(structure, indices):
-    """Every tensor of `structure`, cut down to `indices` on axis 0."""
-    return tf.nest.map_structure(lambda value: tf.gather(value, indices), structure)
-
-
-def _unfinished(finished, rows_per_source):
-    """`(sentences, rows)`: the indices of the unfinished sentences, and of their rows, in the search's state."""
-    sentences = tf.cast(tf.where(~finished)[:, 0], tf.int32)
-    rows = sentences[:, None] * rows_per_source + tf.range(rows_per_source)[None, :]
-    return sentences, tf.reshape(rows, [-1])
-
-
-def _set_aside(results, places, answers):
-    """`results` (the whole batch's `(tokens, scores)`) with the sentences at `places` set to `answers`."""
-    return tuple(tf.tensor_scatter_nd_update(whole, places[:, None], part) for whole, part in zip(results, answers))
-
-
-def _no_results(batch, steps):
-    """The whole batch's `(tokens, scores)` before any sentence has finished."""
-    return tf.zeros([batch, steps], tf.int32), tf.zeros([batch], tf.float32)
-
-
-def _drop_finished(finished, sentences, answers, results, per_sentence, per_row, rows_per_source):
-    """Set the finished sentences' answers aside and drop them from the search.
-
-    Args:
-        finished: `(sentences,)` bool, the sentences done (this step, or this chunk).
-        sentences: the `Sentences` searched.
-        answers: `() -> (tokens, scores)`, every searched sentence's answer.
-        results: the whole batch's `(tokens, scores)` so far.
-        per_sentence: the search's state and the context, sentences on axis 0.
-        per_row: `[structure, ...]`, `rows_per_source` rows a sentence on
-            axis 0: greedy search's cache (beam search gathers its own), and
-            between chunks the last tokens.
-        rows_per_source: the rows of a sentence.
-
-    Returns:
-        `(results, (sentences, per_sentence), [structure, ...])`, all cut
-        down to the unfinished sentences.
-    """
-
-    def drop():
-        results_now, kept, kept_rows = _leave(finished, sentences, answers, results, per_sentence, rows_per_source)
-        return results_now, kept, [_take(structure, kept_rows) for structure in per_row]
-
-    def keep_all():
-        return results, (sentences, per_sentence), list(per_row)
-
-    # Most steps finish no sentence: the gathers run only on those that do.
-    return tf.cond(tf.reduce_any(finished), drop, keep_all)
-
-
-def _leave(finished, sentences, answers, results, per_sentence, rows_per_source):
-    """`_drop_finished` without a conditional, for per-row values cut elsewhere: `(results, (sentences,
-    per_sentence), kept rows)`, the kept rows' indices for the caller to cut its own by."""
-    places = tf.boolean_mask(sentences.places, finished)
-    found = _take(answers(), tf.where(finished)[:, 0])
-    kept, kept_rows = _unfinished(finished, rows_per_source)
-    return _set_aside(results, places, found), _take((sentences, per_sentence), kept), kept_rows
-
-
 # -- one loop, two strategies ----------------------------------------------------------
 #
 # A strategy says what one step does with the model's log-probabilities
@@ -350,97 +153,27 @@ def _leave(finished, sentences, answers, results, per_sentence, rows_per_source)
 # it searches under, how many rows it searches per sentence
 # (`rows_per_source`), its `initial` state, `advance` (the next tokens, and
 # for beam search which rows they extend, so that the cache is reordered:
-# `reorders_rows`), `finished` sentences and their `answers`. `_search` is the
-# loop around it: the model step, the token rules, and dropping finished
-# sentences.
+# `reorders_rows`), `finished` sentences and their `answers`.
+# `loops.run_search` is the loop around it (the same for both); `_search`
+# hands it the model step under the token rules.
 
 
-# A cache that settles in chunks of steps (LiteRT's two-part cache, `inference.steps`): the search
-# runs `steps` steps in a loop of their own, then calls `settle(cache[, rows])` once, `rows` being
-# those to keep (only a search's last chunk is cut short, and what it settles is never read). Within
-# a chunk the step functions leave the settled part as they got it, and beam search reorders the cache's rows with
-# `reorder(cache, parents)`, which leaves it too (the cache says which settled positions hold each
-# row's history).
-# The searches drop their finished sentences between chunks, so that every shape stays as it is
-# within one: LiteRT then plans the chunk's loop once (re-planning it once a chunk, as the cache
-# grows and the batch shrinks, not at every step), and hands a value the step leaves alone from
-# step to step without copying it.
-Chunks = collections.namedtuple("Chunks", ["steps", "settle", "reorder"])
+def _search(strategy, step_fn, cache, max_lengths, context, drop_finished, first_ids, decoding):
+    """Run `strategy` against `step_fn` under its token rules (`loops.run_search`): `(tokens, scores)`.
 
+    `decoding`: the runtime's `inference.decoding.Decoding` (its candidates'
+    arithmetic, its chunks of steps), or None: `top_log_probs`, one loop.
+    """
+    rules, k = strategy.rules, strategy.candidates_per_row
+    best = top_log_probs if decoding is None else decoding.top_log_probs
 
-def _search(strategy, step_fn, cache, max_lengths, context, drop_finished, first_ids, chunks):
-    """Run `strategy` against `step_fn` under its token rules until every sentence is finished: `(tokens, scores)`."""
-    rules = strategy.rules
-    max_lengths = tf.convert_to_tensor(max_lengths, tf.int32)
-    batch = tf.shape(max_lengths)[0]
-    steps = num_steps(max_lengths)
-    rows_per_source = strategy.rows_per_source
-    # Each sentence's own first token rides with the sentence; one for all is a constant.
-    first_per_sentence = first_ids is not None
-    if not first_per_sentence:
-        first_ids = tf.zeros([batch], tf.int32)
+    def candidates(last, cache, step, context, row_limits, first_ids):
+        """One model step: each row's `k` best next tokens under `rules`, `(log_probs, ids)`, and the updated cache."""
+        logits, cache = step_fn(last, cache, step, context)
+        return _apply_rules(best(logits, k, rules), rules, step, row_limits, first_ids), cache
 
-    def not_done(step, sentences, cache, context, last, state, results):
-        return (step < steps) & ~tf.reduce_all(strategy.finished(state))
-
-    def one_step(step, sentences, cache, context, last, state, results):
-        row_limits, row_first_ids = sentences.max_lengths, sentences.first_ids
-        if rows_per_source > 1:  # each sentence's, for each of its rows (tf.repeat, as a reshape to known sizes)
-            row_limits, row_first_ids = (tf.reshape(tf.tile(value[:, None], [1, rows_per_source]), [-1])
-                                         for value in (row_limits, row_first_ids))
-        candidates, cache = _candidates(step_fn, last, cache, step, context, rules, row_limits,
-                                        row_first_ids if first_per_sentence else rules.forced_first,
-                                        strategy.candidates_per_row)
-        tokens, parents, state = strategy.advance(state, candidates, step, sentences.max_lengths)
-        if drop_finished and chunks is None:
-            # Beam search gathers its cache rows by `parents` below, which
-            # drops the finished sentences' rows at no extra cost; greedy
-            # search keeps its rows in place, so they are dropped here.
-            # In chunks both drop them between chunks.
-            own_rows = [] if strategy.reorders_rows else [cache]
-            results, (sentences, (state, parents, tokens, context)), own_rows = _drop_finished(
-                strategy.finished(state), sentences, lambda: strategy.answers(state), results,
-                (state, parents, tokens, context), own_rows, rows_per_source)
-            cache = own_rows[0] if own_rows else cache
-        if strategy.reorders_rows:
-            cache = (chunks.reorder if chunks else _take)(cache, tf.reshape(parents, [-1]))
-        return step + 1, sentences, cache, context, tf.reshape(tokens, [-1]), state, results
-
-    initial = (
-        tf.constant(0),
-        Sentences(tf.range(batch), max_lengths, tf.convert_to_tensor(first_ids, tf.int32)),
-        cache,
-        context,
-        tf.fill([batch * rows_per_source], tf.cast(rules.start_id, tf.int32)),
-        strategy.initial(batch, steps),
-        _no_results(batch, steps),
-    )
-    shapes = loop_shapes(initial, 2)
-    loop_body = one_step
-    if chunks is not None:
-
-        def loop_body(step, *carry):  # a chunk of steps, then the cache settles and finished sentences leave
-            start = step
-            step, sentences, cache, context, last, state, results = tf.while_loop(
-                lambda step, *carry: (step < start + chunks.steps) & not_done(step, *carry), one_step,
-                (step, *carry), shape_invariants=shapes)
-            if drop_finished and strategy.reorders_rows:
-                # The finished sentences' rows leave in the settle's gathers, with no conditional
-                # (LiteRT's `IF` copies what it is given).
-                results, (sentences, (state, context)), kept_rows = _leave(
-                    strategy.finished(state), sentences, lambda: strategy.answers(state), results, (state, context),
-                    rows_per_source)
-                return step, sentences, chunks.settle(cache, kept_rows), context, _take(last, kept_rows), \
-                    state, results
-            if drop_finished:  # first: the settle then copies fewer rows
-                results, (sentences, (state, context)), (cache, last) = _drop_finished(
-                    strategy.finished(state), sentences, lambda: strategy.answers(state), results, (state, context),
-                    [cache, last], rows_per_source)
-            return step, sentences, chunks.settle(cache), context, last, state, results
-
-    _, sentences, _, _, _, state, results = tf.while_loop(not_done, loop_body, initial, shape_invariants=shapes)
-    # Without drop_finished every sentence is still here; with it, none is.
-    return _set_aside(results, sentences.places, strategy.answers(state))
+    chunks = None if decoding is None else decoding.chunks(strategy.rows_per_source)
+    return run_search(strategy, candidates, cache, max_lengths, context, drop_finished, first_ids, chunks)
 
 
 # -- greedy search --------------------------------------------------------------------
@@ -510,7 +243,7 @@ def _token_rules(settings):
     return rules
 
 
-def greedy_search(step_fn, cache, max_lengths, settings, context=(), drop_finished=True, first_ids=None, chunks=None):
+def greedy_search(step_fn, cache, max_lengths, settings, context=(), drop_finished=True, first_ids=None, decoding=None):
     """Pick the most probable token at every step.
 
     Args:
@@ -529,10 +262,11 @@ def greedy_search(step_fn, cache, max_lengths, settings, context=(), drop_finish
         first_ids: `(batch,)` int32, the token each sentence's output starts
             with (a request's target language), in place of the rules'
             `forced_first`; default: `forced_first` for all.
-        chunks: `Chunks(steps, settle, reorder)` for a cache that settles every
-            `steps` steps (LiteRT's), where with `drop_finished` the search
-            drops its finished sentences; default: a cache the step
-            function keeps as it goes.
+        decoding: the runtime's `inference.decoding.Decoding`: how the
+            candidates are computed and whether the loop runs in chunks of
+            steps (`loops.Chunks`: a cache that settles every few steps,
+            where with `drop_finished` the search drops its finished
+            sentences); default: `top_log_probs`, one loop.
 
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`, `steps =
@@ -543,7 +277,7 @@ def greedy_search(step_fn, cache, max_lengths, settings, context=(), drop_finish
     >>> settings = DecodingSettings(beam_size=1).for_output(start_id, end_id)
     >>> tokens, scores = greedy_search(step_fn, cache, max_lengths, settings, context=context)
     """
-    return _search(GreedySearch(settings), step_fn, cache, max_lengths, context, drop_finished, first_ids, chunks)
+    return _search(GreedySearch(settings), step_fn, cache, max_lengths, context, drop_finished, first_ids, decoding)
 
 
 # -- beam search -----------------------------------------------------------------------
@@ -676,7 +410,7 @@ class BeamSearch:
         return state, beam_done, tf.gather(beam_index, best, batch_dims=1), tf.gather(tokens, best, batch_dims=1)
 
 
-def beam_search(step_fn, cache, max_lengths, settings, context=(), drop_finished=True, first_ids=None, chunks=None):
+def beam_search(step_fn, cache, max_lengths, settings, context=(), drop_finished=True, first_ids=None, decoding=None):
     """Keep the `beam_size` most probable hypotheses at every step; return the best.
 
     At each step the live hypotheses are extended by every token and the
@@ -706,7 +440,7 @@ def beam_search(step_fn, cache, max_lengths, settings, context=(), drop_finished
         cache: its initial cache for those rows, every row of a sentence
             holding the same (`tf.repeat(..., rows, axis=0)` lays a
             sentence's cache out so). Rows are reordered by a gather on axis
-            0 as beams survive and die (by `chunks.reorder`, in chunks).
+            0 as beams survive and die (by the decoding's chunks' `reorder`, in chunks).
         context: as for `greedy_search`: one row per sentence, which all
             its rows read.
         max_lengths: `(batch,)` int32, one limit per sentence.
@@ -714,12 +448,12 @@ def beam_search(step_fn, cache, max_lengths, settings, context=(), drop_finished
             `stop_rule`, the length penalty and the token rules). With
             `keep_greedy` (the settings' default) a sentence has
             `beam_size + 1` rows: lay the cache out for them.
-        drop_finished, first_ids, chunks: as for `greedy_search`.
+        drop_finished, first_ids, decoding: as for `greedy_search`.
 
     Returns:
         `(tokens (batch, steps) int32, scores (batch,) float32)`.
     """
-    return _search(BeamSearch(settings), step_fn, cache, max_lengths, context, drop_finished, first_ids, chunks)
+    return _search(BeamSearch(settings), step_fn, cache, max_lengths, context, drop_finished, first_ids, decoding)
 
 
 def _cannot_be_beaten(best_final, final_count, live_log_probs, step, max_lengths, penalty):

@@ -100,13 +100,13 @@ class Translator(tf.Module):
         """The most pieces of a text the model reads: `max_length` less [START] and [END] (the tokenizer's frame)."""
         return self.model.max_length - self.source_tokenizer.frame_length
 
-    def search(self, source_ids, static_shapes=False, first_ids=None, chunk_steps=None):
-        """Ids in, `(tokens, scores)` out (`static_shapes`, `chunk_steps`: see `inference.steps.transformer_search`).
+    def search(self, source_ids, static_shapes=False, first_ids=None, decoding=None):
+        """Ids in, `(tokens, scores)` out (`static_shapes`, `decoding`: see `inference.steps.transformer_search`).
 
         `first_ids`: each sentence's forced first token (its target language).
         """
         return transformer_search(self.model, source_ids, self.settings, static_shapes=static_shapes,
-                                  first_ids=first_ids, chunk_steps=chunk_steps)
+                                  first_ids=first_ids, decoding=decoding)
 
     def _translate(self, texts, source_language_ids=None, target_language_ids=None):
         source_ids, truncated = self.truncated_source_ids(texts, source_language_ids)

@@ -108,8 +108,9 @@ def scaled_dot_product_attention(
     if mask is not None:
         # A row with every key masked has a uniform softmax over -1e9s; zero
         # it so such a query (a padded one) mixes in nothing at all. (A float
-        # maximum, not `any`: LiteRT's boolean reductions size a scratch tensor
-        # at every run, which would make a decoding loop copy its whole state.)
+        # maximum, not `any`: a mobile interpreter's boolean reductions may size a
+        # scratch tensor at every run, which would make a decoding loop copy its
+        # whole state.)
         has_keys = ops.max(ops.cast(mask, weights.dtype), axis=-1, keepdims=True)
         weights = weights * has_keys
     if weight_scale is not None:

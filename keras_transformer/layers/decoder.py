@@ -14,31 +14,32 @@ them:
 shape each, from the model to the search and back:
 
     cache:  [(keys, values), ...]     one pair a layer, each (rows, heads, max_length, head_dim):
-                                      the self-attention keys and values so far (`Decoder.build_cache`;
-                                      LiteRT's searches keep each in two parts, `inference.steps`)
+                                      the self-attention keys and values so far (`Decoder.build_cache`)
     source: {"keys_values": [(keys, values), ...],   one pair a layer, (sentences, heads, source_length, head_dim)
              "mask": (sentences, source_length),     what every step reads of the source (`Decoder.source_cache`)
-             "rows_per_source": k}                   optional: the cache's rows per sentence (below)
+             "queries_per_source": k}                optional: the target rows that read each source row (below)
 
 `Decoder.decode_step(new_ids, cache, t, source)` runs only the
 new positions t, t+1, ..., and returns `(outputs, updated cache)` (the
-cache tensors: `layers.cached_attention`); the source is never changed.
+cache tensors: `layers.cached_attention`, whose `KeyValueCache` a caller
+may replace with its own `cache_policy`); the source is never changed.
 Every tensor holds its rows on axis 0, as the searches expect: they
-reorder the cache's rows as beams survive and only cut the source's.
+reorder the cache's rows and only cut the source's.
 
-**Beams share their source.** A beam search decodes several rows per
-source sentence (its beams), which all attend to the same source. The
-source holds one row per sentence and the cache k rows per sentence, a
-sentence's rows next to each other. Each source row serves k consecutive
-rows of the target (`DecoderLayer.attend_to_shared_source`): those rows
-become k query positions of one row. Every query attends on its own, so
-the result is the same; the source's keys and values are stored and read
-once per sentence, not once per beam. The shapes say k; a search that
-knows it when it traces its loop (a Python int) puts it in the source as
-`"rows_per_source"`, so that the graph regroups nothing for greedy search
-and computes no shapes for beams (LiteRT's self-attention cache kept by
-sentence needs it: `layers.cached_attention`). It is not loop state: the
-step function adds it each time it hands the source to the model.
+**Several target rows may share a source row.** A search may decode
+several rows per source sentence (its hypotheses), which all attend
+to the same source. The source then holds one row per sentence and the
+cache k rows per sentence, a sentence's rows next to each other. Each
+source row serves k consecutive rows of the target
+(`DecoderLayer.attend_to_shared_source`): those rows become k query
+positions of one row. Every query attends on its own, so the result is the
+same; the source's keys and values are stored and read once per sentence,
+not once per row, as grouped-query attention shares a key head among query
+heads. The shapes say k; a caller that knows it when it traces its loop (a
+Python int) puts it in the source as `"queries_per_source"`, so that the
+graph regroups nothing for one row a sentence and computes no shapes
+otherwise. It is not loop state: the step function adds it each time it
+hands the source to the model.
 """
 
 import keras
@@ -52,7 +53,7 @@ from keras_transformer.layers.stack import TransformerStack
 from keras_transformer.layers.sublayers import AttentionSublayer, FeedForwardSublayer
 
 
-def rows_per_sentence(queries, source_keys):
+def queries_per_source_row(queries, source_keys):
     """How many consecutive rows of `queries` each row of `source_keys` serves; None where the shapes are unknown yet.
 
     Rows that do not divide evenly among the sentences are refused in one line.
@@ -200,7 +201,8 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
         outputs = self.feed_forward(outputs, training=training)
         return (outputs, scores) if return_attention_scores else outputs
 
-    def decode_step(self, inputs, cache, cache_index, source_keys_values=None, source_mask=None, rows_per_source=None):
+    def decode_step(self, inputs, cache, cache_index, source_keys_values=None, source_mask=None,
+                    queries_per_source=None, cache_policy=None):
         """The layer on new positions `inputs` at `cache_index` (see the module docstring).
 
         Args:
@@ -209,45 +211,45 @@ class DecoderLayer(Hyperparameters, keras.layers.Layer):
             cache_index: number of positions already in the self-attention cache.
             source_keys_values: this layer's cross-attention `(keys, values)`
                 of the source, one row per sentence: each serves
-                `rows // sentences` consecutive rows of `inputs` (a beam
-                search's rows of one sentence).
+                `rows // sentences` consecutive rows of `inputs` (a search's
+                rows of one sentence).
             source_mask: `(sentences, source_length)`.
-            rows_per_source: that `rows // sentences`, where the caller
+            queries_per_source: that `rows // sentences`, where the caller
                 knows it (the module docstring); else the shapes say it.
+            cache_policy: how the self-attention keeps its cache
+                (`cached_attention.KeyValueCache`; default the pair, scattered).
 
         Returns:
             `(outputs (rows, new, d_model), updated cache)`.
         """
-        outputs, cache = self.self_attention.decode_step(inputs, cache, cache_index,
-                                                         rows_per_source=rows_per_source or 1)
+        outputs, cache = self.self_attention.decode_step(inputs, cache, cache_index, cache_policy=cache_policy)
         if self.cross_attention_block is not None:
             if source_keys_values is None:
                 raise ValueError("this DecoderLayer has cross-attention: decoding needs the source's keys and values")
-            outputs = self.attend_to_shared_source(outputs, source_keys_values, source_mask, rows_per_source)
+            outputs = self.attend_to_shared_source(outputs, source_keys_values, source_mask, queries_per_source)
         return self.feed_forward(outputs), cache
 
-    def attend_to_shared_source(self, queries, source_cache, source_mask, rows_per_source=None):
-        """Cross-attention where each source row serves `rows_per_source` consecutive rows of `queries`.
+    def attend_to_shared_source(self, queries, source_cache, source_mask, queries_per_source=None):
+        """Cross-attention where each source row serves `queries_per_source` consecutive rows of `queries`.
 
-        A sentence's rows (its beams) become positions of one row, a
-        reshape since they are consecutive: every query still attends on
-        its own, and the source's keys and values are read once per
-        sentence, not once per beam. `rows_per_source` None: `rows //
-        sentences`, from the shapes.
+        A source row's query rows become positions of one row, a reshape
+        since they are consecutive: every query still attends on its own,
+        and the source's keys and values are read once per source row.
+        `queries_per_source` None: `rows // sentences`, from the shapes.
         """
-        if rows_per_source is None:
-            rows_per_source = rows_per_sentence(queries, source_cache[0])
+        if queries_per_source is None:
+            queries_per_source = queries_per_source_row(queries, source_cache[0])
         else:
-            check_positive_int(rows_per_source=rows_per_source)
-        if rows_per_source == 1:  # one row a sentence (greedy): nothing to regroup
+            check_positive_int(queries_per_source=queries_per_source)
+        if queries_per_source == 1:  # one row a sentence: nothing to regroup
             return self.cross_attention_block.decode_step(queries, source_cache, context_mask=source_mask)[0]
         length, width = ops.shape(queries)[1], ops.shape(queries)[2]
-        if rows_per_source is None:  # known only when the graph runs: as many groups as the source has rows
+        if queries_per_source is None:  # known only when the graph runs: as many groups as the source has rows
             per_sentence = ops.reshape(queries, (ops.shape(source_cache[0])[0], -1, width))
         else:
-            per_sentence = ops.reshape(queries, (-1, rows_per_source * length, width))
+            per_sentence = ops.reshape(queries, (-1, queries_per_source * length, width))
         outputs, _ = self.cross_attention_block.decode_step(per_sentence, source_cache, context_mask=source_mask)
-        # -1, not the rows' count: LiteRT sizes a reshape to sizes it knows when it prepares the graph.
+        # -1, not the rows' count: a graph runtime can size the reshape when it prepares the graph.
         return ops.reshape(outputs, (-1, length, width))
 
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
@@ -339,22 +341,23 @@ class Decoder(TransformerStack):
         outputs = self._finish(outputs)
         return (outputs, scores) if return_attention_scores else outputs
 
-    def decode_step(self, token_ids, cache, cache_index, source=None):
+    def decode_step(self, token_ids, cache, cache_index, source=None, cache_policy=None):
         """The new positions `token_ids` `(rows, new)` at `cache_index`, on `cache` (from `build_cache`).
 
         `source`: from `source_cache` (a decoder with cross-attention), one
         row per sentence, each serving consecutive rows of `token_ids`, with
-        their count as `"rows_per_source"` where the caller knows it (see
-        the module docstring). Returns `(outputs (rows, new, d_model),
-        updated cache)`.
+        their count as `"queries_per_source"` where the caller knows it (see
+        the module docstring). `cache_policy`: how every layer keeps its
+        self-attention cache (`cached_attention.KeyValueCache`). Returns
+        `(outputs (rows, new, d_model), updated cache)`.
         """
         outputs = self.embedding(token_ids, start_index=cache_index)
         source = source if source is not None else {"keys_values": [None] * len(self.decoder_layers)}
-        source_mask, rows_per_source = source.get("mask"), source.get("rows_per_source")
+        source_mask, queries_per_source = source.get("mask"), source.get("queries_per_source")
         new_cache = []
         for layer, layer_cache, keys_values in zip(self.decoder_layers, cache, source["keys_values"]):
             outputs, layer_cache = layer.decode_step(outputs, layer_cache, cache_index, keys_values, source_mask,
-                                                     rows_per_source)
+                                                     queries_per_source, cache_policy)
             new_cache.append(layer_cache)
         return self._finish(outputs), new_cache
 

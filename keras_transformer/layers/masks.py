@@ -130,9 +130,9 @@ def merge_attention_masks(
 def _with_axes(mask, axes):
     """`mask` with a new axis of size 1 at each of `axes` (ascending).
 
-    `expand_dims`, not `mask[:, None, ...]`: LiteRT's converter cannot turn a
-    strided slice that adds axes to a bool tensor of unknown shape into a
-    builtin op (see `export.litert`).
+    `expand_dims`, not `mask[:, None, ...]`: a strided slice that adds axes
+    to a bool tensor of unknown shape is one op fewer graph converters can
+    turn into a mobile runtime's builtin operators.
     """
     for axis in axes:
         mask = ops.expand_dims(mask, axis)

@@ -10,13 +10,13 @@ W^V and W^O and the output projection. Each is one matrix product of a
 TensorFlow computes the same product either way (Keras' `ops.matmul` of a
 3-D tensor by a matrix is a `tensordot`, which flattens just so), but the
 shapes it leaves in a traced graph differ. `tensordot` takes the flattened
-size from a product of the input's shape, which LiteRT computes only when a
-graph runs; inside a decoding loop that makes every later tensor of the loop
-"dynamic", and LiteRT then prepares the loop body again at every step and
-copies the whole loop state, the key/value cache, into the body and out of
-it (its `WHILE` kernel's dynamic path). Flattened here with a -1 and the
-positions' known axes, every shape in a decoding step is known when the loop
-is prepared, and LiteRT runs the loop on its static path.
+size from a product of the input's shape, which an interpreter that plans
+its memory ahead computes only when a graph runs; inside a decoding loop
+that makes every later tensor of the loop "dynamic", and such an interpreter
+then prepares the loop body again at every step and copies the whole loop
+state, the key/value cache, into the body and out of it. Flattened here with
+a -1 and the positions' known axes, every shape in a decoding step is known
+when the loop is prepared.
 """
 
 from keras import ops

@@ -165,14 +165,13 @@ class AttentionSublayer(ResidualSublayer):
         outputs, weights = self._residual(inputs, attend, training)
         return (outputs, weights) if return_attention_scores else outputs
 
-    def decode_step(self, inputs, cache, cache_index=None, context_mask=None, rows_per_source=1):
+    def decode_step(self, inputs, cache, cache_index=None, context_mask=None, cache_policy=None):
         """The sub-layer on a decoding cache: `(outputs, cache)` (see `CachedMultiHeadAttention`).
 
         With `cache_index`, self-attention over the cached positions and
-        `inputs`, written into the cache; without, attention over the fixed
-        context the cache holds (`context_mask` its padding).
-        `rows_per_source`: a beam search's rows per sentence, for a cache in
-        two parts.
+        `inputs`, written into the cache as `cache_policy` keeps it
+        (`cached_attention.KeyValueCache`); without, attention over the
+        fixed context the cache holds (`context_mask` its padding).
         """
 
         def attend(queries):
@@ -182,7 +181,7 @@ class AttentionSublayer(ResidualSublayer):
                 use_causal_mask=self.causal,
                 cache=cache,
                 cache_index=cache_index,
-                rows_per_source=rows_per_source,
+                cache_policy=cache_policy,
             )
 
         return self._residual(inputs, attend, training=False)

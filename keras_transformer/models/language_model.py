@@ -130,10 +130,13 @@ class LanguageModel(MultiWorkerFit, Hyperparameters, keras.Model):
             return self.logits(decoded[0]), decoded[1]
         return self.logits(decoded)
 
-    def decode_step(self, token_ids, cache, cache_index):
-        """Logits for the new positions `token_ids` at `cache_index`, on `cache`: `(logits, cache)`."""
+    def decode_step(self, token_ids, cache, cache_index, cache_policy=None):
+        """Logits for the new positions `token_ids` at `cache_index`, on `cache`: `(logits, cache)`.
+
+        `cache_policy`: how the self-attention keeps its cache (`layers.cached_attention.KeyValueCache`).
+        """
         self._ensure_built()
-        outputs, cache = self.decoder.decode_step(token_ids, cache, cache_index)
+        outputs, cache = self.decoder.decode_step(token_ids, cache, cache_index, cache_policy=cache_policy)
         return self.logits(outputs), cache
 
     def call(self, token_ids, training=None, return_attention_scores=False):

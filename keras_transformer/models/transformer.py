@@ -203,18 +203,19 @@ class Transformer(MultiWorkerFit, Hyperparameters, keras.Model):
             return self.logits(decoded[0]), decoded[1]
         return self.logits(decoded)
 
-    def decode_step(self, target_ids, cache, cache_index, source, output_kernel=None):
+    def decode_step(self, target_ids, cache, cache_index, source, output_kernel=None, cache_policy=None):
         """Logits for the new positions `target_ids` at `cache_index`, on `cache` and `source`: `(logits, cache)`.
 
         `cache` and `source` are `build_cache`'s (see `layers.decoder`).
         `output_kernel`: with `tie_output`, `tied_output_kernel()` made once
         by a decoding loop (else every step transposes the embeddings).
         The source has a row per sentence, and `target_ids` as many rows
-        per sentence as the search keeps (its beams: the source's
-        `"rows_per_source"`, or its shapes; `layers.decoder`).
+        per sentence as the search keeps (the source's `"queries_per_source"`,
+        or its shapes; `layers.decoder`). `cache_policy`: how the decoder's
+        self-attention keeps its cache (`layers.cached_attention.KeyValueCache`).
         """
         self._ensure_built()
-        outputs, cache = self.decoder.decode_step(target_ids, cache, cache_index, source)
+        outputs, cache = self.decoder.decode_step(target_ids, cache, cache_index, source, cache_policy)
         return self.logits(outputs, output_kernel), cache
 
     def tied_output_kernel(self):

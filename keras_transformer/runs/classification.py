@@ -24,6 +24,7 @@ from keras_transformer import data, evaluation, text, training
 from keras_transformer.lines import answer_each
 from keras_transformer.tensorboard_loggers import ClassifierAttentionLogger, EmbeddingProjectorLogger
 from keras_transformer.runs import encoders
+from keras_transformer.runs import fitting
 from keras_transformer.runs import run_dir as runs
 from keras_transformer.runs.encoders import (  # noqa: F401 (load_examples, with_dataset_path: the task's own API too)
     class_names,
@@ -111,7 +112,7 @@ def _train(config, run_dir, verbose, overwrite):
     logger.info("model: %d parameters, %d replica(s)", model.count_params(), replicas)
 
     samples = _sample_callbacks(run_dir, settings, config["model"]["pooling"], examples["val"], text_tokenizer)
-    training_metrics = runs.fit_epochs(model, run_dir, state, settings, (train_batches, val_batches, train_epoch),
+    training_metrics = fitting.fit_epochs(model, run_dir, state, settings, (train_batches, val_batches, train_epoch),
                                        samples, verbose)
     training_metrics.update(train_examples=len(examples["train"]), replicas=replicas)
     _, accuracy = model.evaluate(val_batches, verbose=0)
@@ -217,6 +218,11 @@ def evaluate(run_dir, csv_path=None, batch_size=None):
     if not csv_path:
         runs.update_metrics(run_dir, {"val": scores})
     return scores
+
+
+def describe_saved_model(path):
+    """What `export` tells the user of a classifier's export: its signature."""
+    return ["signature: serving_default (text -> label, label_id, probabilities, embedding)"]
 
 
 def export(run_dir, export_base, version=None):

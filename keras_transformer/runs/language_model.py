@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from keras_transformer import data, inference, models, text
 from keras_transformer.lines import valid_text
+from keras_transformer.runs import fitting
 from keras_transformer.runs import run_dir as runs
 from keras_transformer.runs.options import DEFAULTS, LANGUAGE_MODEL, LANGUAGE_MODEL_DATASETS, PACKINGS
 
@@ -153,7 +154,7 @@ def _train(config, run_dir, verbose, overwrite):
         model = build_model(config, text_tokenizer.vocab_size)
         compile_model(model, config)
     logger.info("language model: %d parameters, %d texts", model.count_params(), len(texts["train"]))
-    metrics = runs.fit_epochs(model, run_dir, state, settings, (train_batches, val_batches, train_epoch),
+    metrics = fitting.fit_epochs(model, run_dir, state, settings, (train_batches, val_batches, train_epoch),
                               _attention_callbacks(run_dir, settings, texts["val"], text_tokenizer), verbose)
     metrics.update(train_texts=len(texts["train"]), replicas=strategy.num_replicas_in_sync)
     return runs.update_metrics(run_dir, {"training": metrics})
@@ -249,6 +250,12 @@ def plot_attention(run_dir, prompt, png=None, html=None, layer=None, heads=None,
         write_explorer(html, {"prompt": prompt, "text": result["text"]}, {TEXT_SIDE: tokens}, maps,
                        title=f"Attention: {prompt}", run="text")
     return result["text"]
+
+
+def describe_saved_model(path):
+    """What `export` tells the user of a language model's export: its signatures."""
+    return ["signatures: serving_default (text -> text, continuation, new_tokens), "
+            "generate (text, seed, temperature, top_k, top_p, max_new_tokens -> the same)"]
 
 
 def export(run_dir, export_base, version=None):

@@ -18,6 +18,7 @@ import random
 
 from keras_transformer import data, text
 from keras_transformer.runs import encoders
+from keras_transformer.runs import fitting
 from keras_transformer.runs import run_dir as runs
 from keras_transformer.runs.encoders import classifier_config, pretrained_encoder_weights  # noqa: F401 (API)
 from keras_transformer.runs.options import DEFAULTS, PRETRAINING
@@ -85,7 +86,7 @@ def _train(config, run_dir, verbose, overwrite):
         model = build_model(config, text_tokenizer.vocab_size)
         compile_model(model, config)
     logger.info("masked language model: %d parameters, %d texts", model.count_params(), len(texts["train"]))
-    metrics = runs.fit_epochs(model, run_dir, state, settings, (train_batches, val_batches, train_epoch),
+    metrics = fitting.fit_epochs(model, run_dir, state, settings, (train_batches, val_batches, train_epoch),
                               verbose=verbose)
     metrics.update(train_texts=len(texts["train"]), replicas=strategy.num_replicas_in_sync)
     scores = model.evaluate(val_batches, verbose=0, return_dict=True)

@@ -21,7 +21,7 @@ the middle of an epoch, the rest of that epoch must be a `fit` of its own
 on the data with the batches already trained skipped, in the same order
 (`data.shuffle_each_epoch` with `EpochSeeds`), then the epochs after it:
 Keras takes the number of batches of a fit's first epoch for all of its
-epochs (`runs.run_dir.fit` does this).
+epochs (`runs.fitting.fit` does this).
 
 The backup is a weights file and `state.json` naming it. A new backup
 writes a new weights file, then replaces `state.json` in one rename: a
@@ -153,7 +153,7 @@ class TrainingBackup(keras.callbacks.Callback):
             if os.path.isdir(self.backup_dir) else []
         if self.stop_on_sigterm and not self._training:
             # `fit` skips `on_train_end` when it fails: whoever calls fit calls
-            # `stop_handling_signals()` then (`runs.run_dir.fit` does).
+            # `stop_handling_signals()` then (`runs.fitting.fit` does).
             self._previous_handler = signal.signal(signal.SIGTERM, self._on_signal)
         self._training = True
         if state is None:

@@ -1,0 +1,86 @@
+"""From a service to a LiteRT file on disk: `convert` (TensorFlow's converter, then `flatbuffer`'s rewrites), `export_litert`."""
+
+import contextlib
+import logging
+import os
+import tempfile
+
+import tensorflow as tf
+
+from keras_transformer.export.litert.flatbuffer import (
+    check_operators,
+    int8_lookups,
+    one_copy_of_each_table,
+    operators,
+    top_k_sized_when_prepared,
+)
+from keras_transformer.on_device import MODEL_FILE, SETTINGS_FILE  # what the runner reads
+from keras_transformer.saving import directory_written_whole, write_json
+
+QUANTIZATIONS = ("float16", "int8")
+
+
+def check_request(out_dir, quantization):
+    """A ValueError or FileExistsError for what `export_litert` would refuse: checked before any model is loaded."""
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS} (or none, for float32), got {quantization!r}")
+    if os.path.exists(out_dir):
+        raise FileExistsError(f"{out_dir} already exists: pick another directory or remove it first")
+
+
+@contextlib.contextmanager
+def _quiet_loggers(*names):
+    """These loggers say only errors, for the block's time."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def convert(service, quantization=None):
+    """The LiteRT file (bytes) of `service`'s signatures: builtin operators and tensorflow-text's only."""
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS} (or none, for float32), got {quantization!r}")
+    with tempfile.TemporaryDirectory() as directory:
+        # Saving says, through TensorFlow's and absl's loggers, that tensorflow-text's inputs are renamed
+        # in the intermediate SavedModel (a hundred names on one line): nothing for the user to act on.
+        with _quiet_loggers("tensorflow", "absl"):
+            tf.saved_model.save(service.root, directory, signatures=service.signatures())
+        converter = tf.lite.TFLiteConverter.from_saved_model(directory, signature_keys=service.signature_keys())
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+        converter.allow_custom_ops = True  # tensorflow-text's kernels, checked by name below
+        if quantization is not None:
+            converter.optimizations = [tf.lite.Optimize.DEFAULT]  # without data: dynamic-range int8 weights
+        if quantization == "float16":
+            converter.target_spec.supported_types = [tf.float16]
+        model = converter.convert()
+    check_operators(model)
+    model = top_k_sized_when_prepared(model)
+    return int8_lookups(one_copy_of_each_table(model)) if quantization == "int8" else model
+
+
+def export_litert(service, out_dir, quantization=None):
+    """Write `service` (e.g. `LiteRTTranslation`) into the new directory `out_dir`; returns `out_dir`.
+
+    Converted into a temporary directory beside `out_dir` and renamed when
+    whole: a failed conversion leaves nothing, and an existing `out_dir` is
+    refused before any work.
+    """
+    check_request(out_dir, quantization)
+    model = convert(service, quantization)
+    with directory_written_whole(out_dir) as partial:
+        with open(os.path.join(partial, MODEL_FILE), "wb") as file:
+            file.write(model)
+        signatures = service.signatures()
+        write_json(os.path.join(partial, SETTINGS_FILE), {
+            **service.settings(), "quantization": quantization or "float32", "operators": operators(model),
+            "signature": {name: {"inputs": [spec.name for spec in function.structured_input_signature[0]],
+                                 "outputs": sorted(function.structured_outputs)}
+                          for name, function in signatures.items()},
+        })
+    return out_dir
