@@ -20,7 +20,8 @@ import json
 import logging
 import os
 
-from keras_transformer.runs import options, run_dir, translation
+from keras_transformer.runs import options, translation
+from keras_transformer.runs.averaging import average_checkpoints
 
 RECIPE = {
     "data": {"dataset": "multi30k", "direction": "de-en"},
@@ -69,7 +70,7 @@ def main():
     scores, samples = translation.evaluate(arguments.out, "val")
     averaged = arguments.out.rstrip("/") + "-averaged"
     if not os.path.exists(averaged):  # made once, when training has finished
-        run_dir.average_checkpoints(arguments.out, averaged)
+        average_checkpoints(arguments.out, averaged)
     averaged_scores, samples = translation.evaluate(averaged, "val")
     results = {"training": training, "validation": scores, "validation_averaged": averaged_scores}
     print(json.dumps(results, indent=2, ensure_ascii=False))

@@ -225,8 +225,8 @@ def _print_answers(answers, names, unit="translated"):
     for answer in answers:
         print(answer)
     for index, pieces in sorted(getattr(answers, "truncated", {}).items()):
-        read = f"its first {pieces} pieces" if pieces else "its beginning"
-        _warn(f"{names[index]} is longer than the model reads: only {read} were {unit}")
+        read = f"its first {pieces} pieces were" if pieces else "its beginning was"
+        _warn(f"{names[index]} is longer than the model reads: only {read} {unit}")
 
 
 def _warn(message):

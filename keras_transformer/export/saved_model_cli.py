@@ -15,5 +15,7 @@ import tensorflow_text  # noqa: F401  (registers the ops)
 
 if __name__ == "__main__":
     # The command TensorFlow installs as `saved_model_cli`, found as pip found it: its entry point.
-    (command,) = entry_points(group="console_scripts", name="saved_model_cli")
-    sys.exit(command.load()())
+    commands = list(entry_points(group="console_scripts", name="saved_model_cli"))
+    if len(commands) != 1:
+        sys.exit(f"saved_model_cli: TensorFlow's command is not installed here ({len(commands)} found)")
+    sys.exit(commands[0].load()())

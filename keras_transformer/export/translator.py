@@ -91,7 +91,7 @@ class TranslationService:
         outputs = call_naming_captures(
             self.translator.translate_with_attention, self._capture_names, checked_sentences(text)
         )
-        names = ("translation", "score", "source_tokens", "target_tokens", "cross_attention")
+        names = (*TRANSLATION_OUTPUTS, "source_tokens", "target_tokens", "cross_attention")
         return {name: outputs[name] for name in names}
 
     @graph_function(input_signature=[TEXT, SOURCE_LANGUAGE, TARGET_LANGUAGE])

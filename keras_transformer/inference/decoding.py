@@ -85,7 +85,7 @@ class Decoding:
         return [tuple(tf.repeat(cached, rows_per_source, axis=0) for cached in layer) for layer in cache]
 
     def chunks(self, rows_per_source):
-        """A `search.Chunks` where the searches run in chunks of steps; None: one loop over every step."""
+        """A `loops.Chunks` where the searches run in chunks of steps; None: one loop over every step."""
         return None
 
     def top_log_probs(self, logits, k, rules):

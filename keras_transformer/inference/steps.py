@@ -124,7 +124,8 @@ def transformer_step(model, source_ids, max_length, rows_per_source=1, use_cache
     >>> step_fn, cache, context = transformer_step(model, source_ids, num_steps(max_lengths))
     >>> greedy_search(step_fn, cache, max_lengths, settings, context=context)
     """
-    decoding = decoding or Decoding()
+    # All the room from the start is XLA's case: the scatter, which XLA writes in place.
+    decoding = decoding or (Decoding() if growing_cache else FIXED_SHAPES)
     if decoding.chunks(rows_per_source) and not use_cache:
         raise ValueError("a cache settled in chunks is a key/value cache: use_cache=True")
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)

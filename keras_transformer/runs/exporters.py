@@ -26,7 +26,9 @@ class Exporter:
     `quantizations`: what `--quantization` may name (None: the task
     function checks it); `versioned`: writes `OUT/N/` (TensorFlow Serving's
     layout, `--version N`), else a new directory; `decoding_options`: a
-    translator's export keeps its own `DECODING_OPTIONS`.
+    translator's export keeps its own `DECODING_OPTIONS`; `runner_flag`:
+    how the command of the run's kind reads the export, for the kinds in
+    `runner_tasks` (`translate --saved-model`; `classify --litert`).
     """
 
     title: str
@@ -36,6 +38,7 @@ class Exporter:
     versioned: bool = False
     decoding_options: bool = True
     runner_flag: str | None = None
+    runner_tasks: tuple = (TRANSLATION, CLASSIFICATION, LANGUAGE_MODEL)
 
     def refusal(self, name, task, options):
         """Why this export cannot be made from these options (one line), or None."""
@@ -73,7 +76,7 @@ class Exporter:
 # The formats `export --format` offers, the default first.
 FORMATS = {
     "saved_model": Exporter("SavedModel", (TRANSLATION, CLASSIFICATION, LANGUAGE_MODEL), "export", versioned=True,
-                            runner_flag="--saved-model"),
+                            runner_flag="--saved-model", runner_tasks=(TRANSLATION,)),
     "ctranslate2": Exporter("CTranslate2 model", (TRANSLATION,), "export_ctranslate2", quantizations=None,
                             runner_flag="--ctranslate2"),
     "litert": Exporter("LiteRT model", (TRANSLATION, CLASSIFICATION, LANGUAGE_MODEL), "export_litert",
@@ -107,9 +110,9 @@ def export(run_dir, out, name="saved_model", **options):
     path = getattr(module, exporter.function)(run_dir, out, **exporter.keywords(task, options))
     lines = [f"exported {exporter.title}: {path}"]
     lines += module.describe_saved_model(path) if name == "saved_model" else []
-    if exporter.runner_flag:
+    if exporter.runner_flag and task in exporter.runner_tasks:
         lines.append(f"try it:     keras-transformer {_COMMANDS[task]} {exporter.runner_flag} {path} \"...\"")
-    else:
+    elif not exporter.runner_flag:
         lines.append(f"try it:     keras-transformer import-hf {path} RUN_DIR, or from_pretrained({path!r}) in "
                      "transformers")
     return lines

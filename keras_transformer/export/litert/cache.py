@@ -43,7 +43,7 @@ from keras_transformer.layers.cached_attention import KeyValueCache
 # head (XNNPACK runs it on every core), the other beams' slots masked:
 # `rows_per_source` times the products, and no gather of each row's history,
 # a copy of the whole part on one core at every step
-# (`benchmarks/litert_settled_attention.py`). Within a chunk beam search
+# (`benchmarks/litert_settled_attention.py`, retired at 85b63ac). Within a chunk beam search
 # reorders the recent part's rows and the bias's beams
 # (`reorder_chunk`); the settle appends the recent part and
 # never reorders.

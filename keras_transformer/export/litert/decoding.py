@@ -132,7 +132,7 @@ def spelled_out_log_softmax(logits):
     still right after XNNPACK's int8 matrix products, which leave the AVX-512
     registers' upper halves in use (the CPU then makes every SSE instruction
     wait on them). Over a batch of 32 rows of 58,101 logits the spelled-out
-    form took a fraction of `LOG_SOFTMAX`'s time (`benchmarks/litert_log_softmax.py`).
+    form took a fraction of `LOG_SOFTMAX`'s time (`benchmarks/litert_log_softmax.py`, retired at 85b63ac).
     LiteRT's searches use it where their vocabulary is not cut into blocks
     (`LiteRTDecoding.top_log_probs`).
     The converter recognises `(logits - m) - log(sum(exp(logits - m)))` as
