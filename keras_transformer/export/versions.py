@@ -9,6 +9,7 @@ part of the graph.
 """
 
 import json
+import logging
 import os
 
 import tensorflow as tf
@@ -34,6 +35,24 @@ def version_path(export_base, version=None):
     return path
 
 
+def save_quietly(root, directory, signatures):
+    """`tf.saved_model.save`, without the lines it logs for the user to read past.
+
+    Saving says, through TensorFlow's and absl's loggers, that
+    tensorflow-text's inputs are renamed in the SavedModel (a hundred names
+    on one line): nothing anyone acts on. An export prints what it wrote.
+    """
+    loggers = [logging.getLogger(name) for name in ("tensorflow", "absl")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        tf.saved_model.save(root, directory, signatures=signatures)
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
 def write_version(export_base, version, service, settings_name, settings):
     """Save `service` (its `saveable()` and `signatures()`) as a new version; returns its path.
 
@@ -47,7 +66,7 @@ def write_version(export_base, version, service, settings_name, settings):
     os.makedirs(export_base, exist_ok=True)
     # Serving ignores names that are not numbers: built under a hidden one, then renamed.
     with directory_written_whole(path) as staging:
-        tf.saved_model.save(service.saveable(), staging, signatures=service.signatures())
+        save_quietly(service.saveable(), staging, service.signatures())
         extra = os.path.join(staging, "assets.extra")
         os.makedirs(extra, exist_ok=True)
         with open(os.path.join(extra, settings_name), "w", encoding="utf-8") as file:

@@ -1,12 +1,11 @@
 """From a service to a LiteRT file on disk: `convert` (TensorFlow's converter, then `flatbuffer`'s rewrites), `export_litert`."""
 
-import contextlib
-import logging
 import os
 import tempfile
 
 import tensorflow as tf
 
+from keras_transformer.export.versions import save_quietly
 from keras_transformer.export.litert.flatbuffer import (
     check_operators,
     int8_lookups,
@@ -28,29 +27,12 @@ def check_request(out_dir, quantization):
         raise FileExistsError(f"{out_dir} already exists: pick another directory or remove it first")
 
 
-@contextlib.contextmanager
-def _quiet_loggers(*names):
-    """These loggers say only errors, for the block's time."""
-    loggers = [logging.getLogger(name) for name in names]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
-
-
 def convert(service, quantization=None):
     """The LiteRT file (bytes) of `service`'s signatures: builtin operators and tensorflow-text's only."""
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS} (or none, for float32), got {quantization!r}")
     with tempfile.TemporaryDirectory() as directory:
-        # Saving says, through TensorFlow's and absl's loggers, that tensorflow-text's inputs are renamed
-        # in the intermediate SavedModel (a hundred names on one line): nothing for the user to act on.
-        with _quiet_loggers("tensorflow", "absl"):
-            tf.saved_model.save(service.root, directory, signatures=service.signatures())
+        save_quietly(service.root, directory, service.signatures())
         converter = tf.lite.TFLiteConverter.from_saved_model(directory, signature_keys=service.signature_keys())
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
         converter.allow_custom_ops = True  # tensorflow-text's kernels, checked by name below
