@@ -119,15 +119,18 @@ def exported(tmp_path_factory):
     model.fit(batches.repeat(), epochs=1, steps_per_epoch=25, shuffle=False, verbose=0)
 
     export_base = tmp_path_factory.mktemp("exports") / "sentiment"
-    tf_logger, records = tf.get_logger(), _Records()
-    level = tf_logger.level
-    tf_logger.setLevel(logging.INFO)
-    tf_logger.addHandler(records)
+    # TensorFlow's logger and absl's (which says that inputs are renamed), both at INFO.
+    loggers, records = [tf.get_logger(), logging.getLogger("absl")], _Records()
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.INFO)
+        logger.addHandler(records)
     try:
         path = export_classifier(model, tokenizer, MAX_LENGTH, str(export_base), labels=LABELS)
     finally:
-        tf_logger.removeHandler(records)
-        tf_logger.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.removeHandler(records)
+            logger.setLevel(level)
     assert path == str(export_base / "1")
     return model, tokenizer, export_base, records.messages
 

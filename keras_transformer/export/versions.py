@@ -36,21 +36,19 @@ def version_path(export_base, version=None):
 
 
 def save_quietly(root, directory, signatures):
-    """`tf.saved_model.save`, without the lines it logs for the user to read past.
+    """`tf.saved_model.save`, without the line it logs for the user to read past.
 
-    Saving says, through TensorFlow's and absl's loggers, that
-    tensorflow-text's inputs are renamed in the SavedModel (a hundred names
-    on one line): nothing anyone acts on. An export prints what it wrote.
+    Saving says, through absl's logger at INFO, that tensorflow-text's
+    inputs are renamed in the SavedModel (a hundred names on one line):
+    nothing anyone acts on. An export prints what it wrote.
     """
-    loggers = [logging.getLogger(name) for name in ("tensorflow", "absl")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.WARNING)
     try:
         tf.saved_model.save(root, directory, signatures=signatures)
     finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
+        absl_logger.setLevel(level)
 
 
 def write_version(export_base, version, service, settings_name, settings):
