@@ -85,7 +85,10 @@ def check_the_classifier_commands(run, tmp_path, capsys):
     assert "translate works on translation runs" in capsys.readouterr().err
 
     assert cli.main(["export", str(run), str(tmp_path / "exports")]) == 0
-    capsys.readouterr()
+    # What it wrote and its signature; no "try it" line: no command reads a classifier's SavedModel.
+    assert capsys.readouterr().out.splitlines() == [
+        f"exported SavedModel: {tmp_path / 'exports' / '1'}",
+        "signature: serving_default (text -> label, label_id, probabilities, embedding)"]
     served = tf.saved_model.load(str(tmp_path / "exports" / "1")).signatures["serving_default"](text=tf.constant(texts))
     classifier = classification.Classifier(str(run))
     # The signature answers every text, a blank one with what the model reads of [CLS] alone; the

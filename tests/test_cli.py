@@ -249,3 +249,22 @@ def test_the_examples_start_without_tensorflows_start_up_lines():
         assert process.returncode == 0, stderr[-2000:]
         assert stdout.startswith(f"usage: {name}"), stdout[:300]
         assert stderr == "", f"{name} printed on stderr:\n{stderr[:1000]}"
+
+
+def test_each_export_format_refuses_in_one_line_what_it_cannot_take():
+    """`export`'s one table (`runs/exporters.py`): a format's refusals, before any run is loaded."""
+    from keras_transformer.runs.exporters import FORMATS
+
+    refusal = lambda name, task, **options: FORMATS[name].refusal(name, task, options)  # noqa: E731
+    assert refusal("hf", "translation", beam_size=2).startswith("--format hf writes the run's own decoding")
+    assert refusal("hf", "translation", quantization="int8") == (
+        "--format hf stores float32, float16 or bfloat16 weights, not int8")
+    assert refusal("saved_model", "translation", quantization="int8") == (
+        "--quantization is for --format ctranslate2 or litert")
+    assert refusal("ctranslate2", "classification") == (
+        "--format ctranslate2 exports a translation run, to a new directory (no --version)")
+    assert refusal("litert", "translation", version=2) == "--format litert writes a new directory (no --version)"
+    assert refusal("litert", "language_model", max_output_length=8) == (
+        "--beam-size, --length-penalty and --max-output-length are for translation runs")
+    assert refusal("saved_model", "classification", version=3) is None
+    assert refusal("litert", "translation", quantization="int8", beam_size=4) is None
