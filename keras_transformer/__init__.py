@@ -6,6 +6,7 @@
 """
 
 import importlib
+import importlib.util
 import os
 import sys
 
@@ -26,7 +27,10 @@ _LAZY = ("data", "evaluation", "export", "inference", "runs", "tensorboard_logge
 # The scripts in examples/ start TensorFlow as the command does, without its
 # start-up lines (startup.py says why they need catching).
 _IMPORTS_LATER = ("keras-transformer", "tensorboard")
-if os.path.basename((getattr(sys, "argv", None) or [""])[0]) not in _IMPORTS_LATER:
+# A device runs a LiteRT export with no Keras installed (`on_device`, `device_tokenizers`): the layers
+# and models load at once only where Keras is there to load them.
+if (os.path.basename((getattr(sys, "argv", None) or [""])[0]) not in _IMPORTS_LATER
+        and importlib.util.find_spec("keras") is not None):
     if startup.is_an_example():
         startup.start_tensorflow_quietly()
     from keras_transformer import layers, models  # noqa: F401

@@ -202,6 +202,9 @@ def _add_export_command(commands):
                                                    "bfloat16"],
                         help="--format ctranslate2 or litert (int8, float16), hf (float16, bfloat16; default "
                         "float32, or an imported checkpoint's own): how its weights are stored")
+    export.add_argument("--ops", choices=["text", "builtin"],
+                        help="--format litert: text in and out on tensorflow-text's kernels (default), or ids in and "
+                        "out on builtin operators only, with the tokenizers beside the file (stock LiteRT, no TensorFlow)")
     export.add_argument("--version", type=int, help="N (default: one more than the highest there)")
     export.add_argument("--beam-size", type=int, help="translation: default the run's evaluation setting")
     export.add_argument("--length-penalty", type=float, metavar="ALPHA", help="translation: default the run's (0.6)")

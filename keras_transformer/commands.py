@@ -297,7 +297,8 @@ def classify(arguments):
 def export(arguments):
     from keras_transformer.runs import exporters
 
-    settings = dict(version=arguments.version, quantization=arguments.quantization, beam_size=arguments.beam_size,
+    settings = dict(version=arguments.version, quantization=arguments.quantization, ops=arguments.ops,
+                    beam_size=arguments.beam_size,
                     length_alpha=arguments.length_penalty, max_output_length=arguments.max_output_length)
     for line in exporters.export(arguments.run_dir, arguments.export_base, arguments.format, **settings):
         print(line)

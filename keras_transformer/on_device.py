@@ -4,7 +4,11 @@
     >>> LiteRTModel("exports/demo-litert").translate(["The dog sees the cat."])
     ['Der Hund sieht die Katze.']
 
-The interpreter is `ai-edge-litert`'s (the `litert` extra), with
+The interpreter is `ai-edge-litert`'s (the `litert` extra). A file of
+builtin operators (`--ops builtin`, `litert.json`'s `"ops"`) runs on it as
+it is: the host's tokenizer libraries (`device_tokenizers`) turn texts into
+the file's ids and its ids back into text, and nothing of TensorFlow or
+Keras is needed. A text file (`--ops text`, the default) runs with
 tensorflow-text's kernels registered (`tensorflow_text.tflite_registrar`).
 TensorFlow's Python package is never imported here: the kernels' library is
 loaded on its own, and it links TensorFlow's C++ framework library
@@ -30,6 +34,7 @@ import unicodedata
 
 import numpy as np
 
+from keras_transformer import device_tokenizers
 from keras_transformer.lines import Answers, answer_each, valid_text
 from keras_transformer.startup import start_up_lines_dropped
 
@@ -114,42 +119,75 @@ class LiteRTModel:
 
     def __init__(self, directory, num_threads=None, keep_freed_memory=True):
         require_litert()
-        from ai_edge_litert.interpreter import InterpreterWithCustomOps
-
         model_path, settings_path = os.path.join(directory, MODEL_FILE), os.path.join(directory, SETTINGS_FILE)
         for path in (model_path, settings_path):
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"{directory} is not a LiteRT export: it has no {os.path.basename(path)}")
         with open(settings_path, encoding="utf-8") as file:
             self.settings = json.load(file)
-        self.kind = self.settings["kind"]
+        self.kind, self.ops = self.settings["kind"], self.settings.get("ops", "text")
         if keep_freed_memory:
             keep_freed_memory_for_reuse()
         with start_up_lines_dropped(_START_UP_NOISE):
-            self.interpreter = InterpreterWithCustomOps(
-                model_path=model_path, custom_op_registerers=text_operator_registerers(),
-                num_threads=num_threads or os.cpu_count(),
-            )
+            self.interpreter = _interpreter(model_path, self.ops, num_threads or os.cpu_count())
+            self.tokenizers = {name: device_tokenizers.load(directory, recorded)
+                               for name, recorded in self.settings.get("tokenizers", {}).items()}
             self._runner = self.interpreter.get_signature_runner("serving_default")
             self._generate = self.interpreter.get_signature_runner("generate") if self.kind == "language_model" else None
             # The delegate announces itself on the first run: one empty text, one token at most.
             if self._generate is None:
-                self._runner(text=_checked_texts([""]))
+                self.run([""])
             else:
-                self._generate(text=_checked_texts([""]), seed=np.int32(0), temperature=np.float32(0),
-                               top_k=np.int32(0), top_p=np.float32(1), max_new_tokens=np.int32(1))
+                self._answer(self._generate, _checked_texts([""]), seed=np.int32(0), temperature=np.float32(0),
+                             top_k=np.int32(0), top_p=np.float32(1), max_new_tokens=np.int32(1))
 
     def run(self, texts, **inputs):
-        """The signature's outputs for `texts` (a list of strings) and any other `inputs`, as NumPy arrays."""
+        """The signature's outputs for `texts` (a list of strings) and any other `inputs`, as NumPy arrays.
+
+        A builtin file's outputs come with the text a text file gives
+        (`translation`, `label`, `text`), written by the host's tokenizer.
+        """
         return self._answer(self._runner, _checked_texts(texts), **inputs)
 
-    @staticmethod
-    def _answer(runner, texts, **inputs):
+    def _answer(self, runner, texts, **inputs):
         """`runner`'s outputs; for an empty batch, empty outputs without running (LiteRT's kernels refuse one)."""
+        if self.ops == "builtin":
+            return self._answer_with_ids(runner, texts, **inputs)
         if len(texts):
             return runner(text=texts, **inputs)
-        return {name: np.zeros([0, *detail["shape"][1:]], object if detail["dtype"] is np.bytes_ else detail["dtype"])
-                for name, detail in runner.get_output_details().items()}
+        return _empty_outputs(runner)
+
+    def _answer_with_ids(self, runner, texts, **inputs):
+        """A builtin file's outputs for `texts`: the host tokenizes, the file searches, the host writes the text."""
+        tokenizer = self.tokenizers.get("source") or self.tokenizers["text"]
+        limit = self.settings.get("max_source_length") or self.settings["max_length"]
+        # A prompt is continued from its last pieces; a text to translate or classify is read from its first.
+        cut = (lambda row: row[-limit:]) if self.kind == "language_model" else (lambda row: row[:limit])
+        rows = [cut(row) for row in tokenizer.pieces([text.decode("utf-8") for text in texts])]
+        pieces = np.zeros([len(rows), max([1, *map(len, rows)])], np.int32)
+        for index, row in enumerate(rows):
+            pieces[index, :len(row)] = row
+        outputs = runner(pieces=pieces, **self._language_ids(inputs)) if len(rows) else _empty_outputs(runner)
+        if self.kind == "translation":
+            target = self.tokenizers["target"]
+            outputs["translation"] = _strings(target.text(row) for row in outputs["tokens"])
+        elif self.kind == "classification":
+            outputs["label"] = _strings(self.settings["labels"][index] for index in outputs["label_id"])
+        else:
+            outputs["text"] = _strings(tokenizer.text(row[:length]) for row, length in
+                                       zip(outputs["tokens"], outputs["lengths"]))
+        return outputs
+
+    def _language_ids(self, inputs):
+        """A builtin file's inputs: a request's language codes as the ids of their tokens, each side's own."""
+        languages = self.settings.get("languages") or {}
+        converted = {}
+        for name, side in (("source_language", "source"), ("target_language", "target")):
+            if name in inputs:
+                codes = inputs.pop(name)
+                converted[f"{name}_id"] = np.array(
+                    [self.tokenizers[side].id_of(languages[code.decode("utf-8")]) for code in codes], np.int32)
+        return {**inputs, **converted}
 
     def translate(self, texts, batch_size=None, source_language=None, target_language=None):
         """Python strings in, translations out, in batches.
@@ -256,6 +294,30 @@ _START_UP_NOISE = re.compile(
     r"^(WARNING: All log messages before absl::InitializeLog\(\)|[IW]\d{4} |E\d{4} .*failed call to cuInit|INFO: Created "
     r"TensorFlow Lite XNNPACK delegate)"
 )
+
+
+def _interpreter(model_path, ops, num_threads):
+    """LiteRT's interpreter of the file: stock for builtin operators, with tensorflow-text's kernels for text."""
+    if ops == "builtin":
+        from ai_edge_litert.interpreter import Interpreter
+
+        return Interpreter(model_path=model_path, num_threads=num_threads)
+    from ai_edge_litert.interpreter import InterpreterWithCustomOps
+
+    return InterpreterWithCustomOps(model_path=model_path, custom_op_registerers=text_operator_registerers(),
+                                    num_threads=num_threads)
+
+
+def _empty_outputs(runner):
+    """Each of `runner`'s outputs with no rows."""
+    return {name: np.zeros([0, *detail["shape"][1:]], object if detail["dtype"] is np.bytes_ else detail["dtype"])
+            for name, detail in runner.get_output_details().items()}
+
+
+def _strings(texts):
+    """Python strings as a text file answers them: a `[batch]` array of UTF-8 bytes."""
+    encoded = [text.encode("utf-8") for text in texts]
+    return np.array(encoded, dtype=object).reshape([len(encoded)])
 
 
 def _setting_problem(settings, max_length):

@@ -49,9 +49,14 @@ def framed_prompts(pieces, start_id, room):
     file frames its prompts with this too (`export.litert`).
     """
     piece_counts = tf.cast(pieces.row_lengths(), tf.int32)
+    padded = dense_rows(pieces, tf.reduce_max(tf.concat([piece_counts, [1]], axis=0)))
+    return framed_padded_prompts(padded, piece_counts, start_id, room)
+
+
+def framed_padded_prompts(padded, piece_counts, start_id, room):
+    """`framed_prompts` of `(batch, >= 1)` pieces, each row's `piece_counts` first and 0 after them."""
     kept = tf.minimum(piece_counts, room - 1)
     width = tf.reduce_max(tf.concat([kept, [0]], axis=0)) + 1
-    padded = dense_rows(pieces, tf.reduce_max(tf.concat([piece_counts, [1]], axis=0)))
     # Column j >= 1 holds piece (count - kept) + j - 1: the last ones are the ones the continuation follows.
     columns = tf.range(width)[None, :]
     source = tf.clip_by_value(piece_counts[:, None] - kept[:, None] + columns - 1, 0, tf.shape(padded)[1] - 1)

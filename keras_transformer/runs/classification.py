@@ -237,15 +237,16 @@ def export(run_dir, export_base, version=None):
     )
 
 
-def export_litert(run_dir, out_dir, quantization=None):
+def export_litert(run_dir, out_dir, quantization=None, ops="text"):
     """Write the run's classifier as a LiteRT file in the new directory `out_dir` (`export.litert`); returns it."""
     from keras_transformer.export import litert
 
-    litert.check_request(out_dir, quantization)  # before the model is loaded
+    litert.check_request(out_dir, quantization, ops)  # before the model is loaded
     classifier = Classifier(run_dir)
     service = litert.LiteRTClassification(classifier.model, classifier.tokenizer, classifier.max_length,
-                                          classifier.class_names)
-    return litert.export_litert(service, out_dir, quantization)
+                                          classifier.class_names, ops)
+    held_out = runs.held_out_texts(lambda: [text for text, _ in load_examples(classifier.config["data"])["val"]])
+    return litert.export_litert(service, out_dir, quantization, {"text": held_out})
 
 
 __all__ = [

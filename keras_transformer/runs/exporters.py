@@ -28,7 +28,9 @@ class Exporter:
     layout, `--version N`), else a new directory; `decoding_options`: a
     translator's export keeps its own `DECODING_OPTIONS`; `runner_flag`:
     how the command of the run's kind reads the export, for the kinds in
-    `runner_tasks` (`translate --saved-model`; `classify --litert`).
+    `runner_tasks` (`translate --saved-model`; `classify --litert`);
+    `takes_ops`: what `--ops` names, the operators around the model
+    (LiteRT's text kernels or builtin operators only).
     """
 
     title: str
@@ -39,6 +41,7 @@ class Exporter:
     decoding_options: bool = True
     runner_flag: str | None = None
     runner_tasks: tuple = (TRANSLATION, CLASSIFICATION, LANGUAGE_MODEL)
+    takes_ops: bool = False
 
     def refusal(self, name, task, options):
         """Why this export cannot be made from these options (one line), or None."""
@@ -51,6 +54,8 @@ class Exporter:
             return f"--format {name} writes a new directory (no --version)"
         if given and task != TRANSLATION:
             return "--beam-size, --length-penalty and --max-output-length are for translation runs"
+        if options.get("ops") is not None and not self.takes_ops:
+            return "--ops is for --format litert"
         if given and not self.decoding_options:
             return (f"--format {name} writes the run's own decoding settings (no --beam-size, --length-penalty "
                     "or --max-output-length)")
@@ -68,6 +73,8 @@ class Exporter:
             keywords["version"] = options.get("version")
         if self.quantizations != ():
             keywords["dtype" if self.function == "export_hf" else "quantization"] = options.get("quantization")
+        if self.takes_ops:
+            keywords["ops"] = options.get("ops") or "text"
         if task == TRANSLATION and self.decoding_options:
             keywords.update((keyword, options.get(keyword)) for _, keyword in DECODING_OPTIONS)
         return keywords
@@ -80,7 +87,7 @@ FORMATS = {
     "ctranslate2": Exporter("CTranslate2 model", (TRANSLATION,), "export_ctranslate2", quantizations=None,
                             runner_flag="--ctranslate2"),
     "litert": Exporter("LiteRT model", (TRANSLATION, CLASSIFICATION, LANGUAGE_MODEL), "export_litert",
-                       quantizations=None, runner_flag="--litert"),
+                       quantizations=None, runner_flag="--litert", takes_ops=True),
     "hf": Exporter("Hugging Face checkpoint", (TRANSLATION,), "export_hf", quantizations=("float16", "bfloat16"),
                    decoding_options=False),
 }
@@ -92,7 +99,7 @@ FORMAT_HELP = ("a SavedModel (default), a CTranslate2 model with our tokenizers 
 def export(run_dir, out, name="saved_model", **options):
     """Write `run_dir` as format `name` into `out`; returns the lines that tell the user what was written.
 
-    `options`: `version`, `quantization`, `beam_size`, `length_alpha`,
+    `options`: `version`, `quantization`, `ops`, `beam_size`, `length_alpha`,
     `max_output_length` (None: the default). A format the run cannot take,
     or an option the format does not, is a one-line ValueError before
     anything is loaded.

@@ -201,12 +201,14 @@ def load_generator(run_dir, temperature=None, top_k=None, top_p=None, max_new_to
     )
 
 
-def export_litert(run_dir, out_dir, quantization=None):
+def export_litert(run_dir, out_dir, quantization=None, ops="text"):
     """Write the run's generator as a LiteRT file in the new directory `out_dir` (`export.litert`); returns it."""
     from keras_transformer.export import litert
 
-    litert.check_request(out_dir, quantization)  # before the model is loaded
-    return litert.export_litert(litert.LiteRTGeneration(load_generator(run_dir)), out_dir, quantization)
+    litert.check_request(out_dir, quantization, ops)  # before the model is loaded
+    held_out = runs.held_out_texts(lambda: load_texts(load_config(run_dir)["data"])["val"])
+    return litert.export_litert(litert.LiteRTGeneration(load_generator(run_dir), ops), out_dir, quantization,
+                                {"text": held_out})
 
 
 def generate(run_dir, prompts, seed=0, temperature=None, top_k=None, top_p=None, max_new_tokens=None):

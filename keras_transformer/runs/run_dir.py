@@ -355,6 +355,22 @@ def update_metrics(run_dir, update):
 # keeps its weights in float32, so only the arithmetic changes, and every road then
 # gives the same outputs on every machine (CTranslate2 computes in float32 on a CPU).
 INFERENCE_PRECISION = "float32"
+
+# A builtin LiteRT export checks its host tokenizers on at most this many of the run's held-out texts.
+HELD_OUT_TEXTS = 1000
+
+
+def held_out_texts(read):
+    """`read()`'s texts (the first `HELD_OUT_TEXTS`), or none where the run's data cannot be read.
+
+    An imported checkpoint has no data of its own, and a run's corpus may
+    have moved since it trained: its export is then checked on the probe
+    sentences alone (`export.litert.export_litert`).
+    """
+    try:
+        return list(read())[:HELD_OUT_TEXTS]
+    except (OSError, ValueError, KeyError):
+        return []
 INFERENCE_PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 
 

@@ -345,15 +345,18 @@ def export_ctranslate2(run_dir, out_dir, quantization=None, beam_size=None, leng
     return export_to(translator, out_dir, quantization=quantization)
 
 
-def export_litert(run_dir, out_dir, quantization=None, beam_size=None, length_alpha=None, max_output_length=None):
+def export_litert(run_dir, out_dir, quantization=None, ops="text", beam_size=None, length_alpha=None,
+                  max_output_length=None):
     """Write the run's translator as a LiteRT file in the new directory `out_dir` (`export.litert`); returns it."""
     from keras_transformer.export import litert
 
-    litert.check_request(out_dir, quantization)  # before the model is loaded
+    litert.check_request(out_dir, quantization, ops)  # before the model is loaded
     translator = load_translator(
         run_dir, beam_size=beam_size, length_alpha=length_alpha, max_output_length=max_output_length
     )
-    return litert.export_litert(litert.LiteRTTranslation(translator), out_dir, quantization)
+    pairs = runs.held_out_texts(lambda: load_pairs(load_config(run_dir)["data"], ("val",))["val"])
+    held_out = {"source": [source for source, _ in pairs], "target": [target for _, target in pairs]}
+    return litert.export_litert(litert.LiteRTTranslation(translator, ops), out_dir, quantization, held_out)
 
 
 def export_hf(run_dir, out_dir, dtype=None):

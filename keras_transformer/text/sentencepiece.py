@@ -155,14 +155,14 @@ class SentencePieceTokenizer(tf.Module):
         self.start_id = self.id_of(start_token) if start_token is not None else None
         self.prefix_ids = [self.id_of(token) for token in prefix_tokens]
         # Tokens that never reach decoded text: Hugging Face's skip_special_tokens.
-        self._dropped_ids = sorted(
+        self.dropped_ids = sorted(
             {0, self.unk_id, self.end_id}
             | {self.id_of(token) for token in (start_token, pad_token, *settings.special_tokens) if token in vocab}
         )
         self._encoder = _sentencepiece(self.model, tf.string)
         self._tokens = tf.constant(self.vocab)
         self._decoder = _sentencepiece(self.decode_model, tf.int32)
-        self._ends = _Ends(_surfaces(self.vocab, self._decoder), self._dropped_ids,
+        self._ends = _Ends(_surfaces(self.vocab, self._decoder), self.dropped_ids,
                            strip_all=settings.strip_trailing_space)
         self._ids = tf.lookup.StaticHashTable(
             tf.lookup.KeyValueTensorInitializer(tf.constant(self.vocab[1:]), tf.range(1, len(self.vocab))),

@@ -16,6 +16,7 @@ whose final state sums the text up (BERT's convention).
 import collections
 import hashlib
 import os
+import re
 import unicodedata
 
 import numpy as np
@@ -111,7 +112,9 @@ class WordPieceTokenizer(tf.Module):
             token_out_type=tf.int32,
         )
         self._tokens = tf.constant(vocab)
-        self._spelling = _Spelling(vocab, (self.pad_id, self.start_id, self.end_id))
+        # The ids decoded text leaves out: the framing and the padding.
+        self.dropped_ids = (self.pad_id, self.start_id, self.end_id)
+        self._spelling = _Spelling(vocab, self.dropped_ids)
 
     @property
     def vocab_size(self):
@@ -245,6 +248,41 @@ class WordPieceTokenizer(tf.Module):
         if isinstance(ids, tf.RaggedTensor):
             return tf.ragged.map_flat_values(tf.gather, self._tokens, ids)
         return tf.gather(self._tokens, ids)
+
+    def hugging_face_json(self):
+        """This tokenizer as a Hugging Face `tokenizer.json` (a dict), which the `tokenizers` library runs.
+
+        The same ids and text: NFC (and lowercasing), CJK characters split
+        off as tensorflow-text's pre-tokenization splits them, a split at
+        spaces and punctuation (BERT's), the WordPiece model with its `##`
+        and tensorflow-text's 100-byte words (the same for ASCII words), and
+        `detokenize`'s spacing as decoders working on the joined text. The
+        framing is the caller's: the ids `dropped_ids` names are left out
+        before decoding. `export.litert.device_text` checks it on held-out text.
+        """
+        letter_or_digit = r"[\p{L}\p{N}]"
+        joins = [{"type": "Replace", "content": mark,
+                  "pattern": {"Regex": f"(?<={letter_or_digit}) {re.escape(mark)} (?={letter_or_digit})"}}
+                 for mark in _JOINING]
+        return {
+            "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "post_processor": None,
+            "normalizer": {"type": "Sequence", "normalizers": [
+                {"type": "NFC"},
+                {"type": "BertNormalizer", "clean_text": False, "handle_chinese_chars": True, "strip_accents": False,
+                 "lowercase": False},
+                *([{"type": "Lowercase"}] if self.lower_case else []),
+            ]},
+            "pre_tokenizer": {"type": "BertPreTokenizer"},
+            "model": {"type": "WordPiece", "unk_token": UNK, "continuing_subword_prefix": "##",
+                      "max_input_chars_per_word": 100, "vocab": {token: index for index, token in enumerate(self.vocab)}},
+            "decoder": {"type": "Sequence", "decoders": [
+                {"type": "WordPiece", "prefix": "##", "cleanup": False},  # a space before each word, none before a piece
+                {"type": "Fuse"},  # one text: the spacing rules below read across tokens
+                *joins,
+                {"type": "Replace", "pattern": {"Regex": f" (?=[{re.escape(_CLOSING)}])"}, "content": ""},
+                {"type": "Replace", "pattern": {"Regex": f"(?<=[{re.escape(_OPENING)}]) "}, "content": ""},
+            ]},
+        }
 
 
 def _vocabulary_from_word_counts(word_counts, vocab_size, reserved_tokens, min_count=MIN_COUNT):

@@ -6,21 +6,26 @@ import tempfile
 import tensorflow as tf
 
 from keras_transformer.export.versions import save_quietly
+from keras_transformer.export.litert import device_text
 from keras_transformer.export.litert.flatbuffer import (
+    TEXT_OPERATORS,
     check_operators,
     int8_lookups,
     one_copy_of_each_table,
     operators,
     top_k_sized_when_prepared,
 )
+from keras_transformer.export.litert.signatures import check_ops
+from keras_transformer.export.litert.text import PROBE_SENTENCES
 from keras_transformer.on_device import MODEL_FILE, SETTINGS_FILE  # what the runner reads
 from keras_transformer.saving import directory_written_whole, write_json
 
 QUANTIZATIONS = ("float16", "int8")
 
 
-def check_request(out_dir, quantization):
+def check_request(out_dir, quantization, ops="text"):
     """A ValueError or FileExistsError for what `export_litert` would refuse: checked before any model is loaded."""
+    check_ops(ops)
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS} (or none, for float32), got {quantization!r}")
     if os.path.exists(out_dir):
@@ -28,39 +33,50 @@ def check_request(out_dir, quantization):
 
 
 def convert(service, quantization=None):
-    """The LiteRT file (bytes) of `service`'s signatures: builtin operators and tensorflow-text's only."""
+    """The LiteRT file (bytes) of `service`'s signatures: builtin operators, and tensorflow-text's for `ops="text"`."""
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS} (or none, for float32), got {quantization!r}")
     with tempfile.TemporaryDirectory() as directory:
         save_quietly(service.root, directory, service.signatures())
         converter = tf.lite.TFLiteConverter.from_saved_model(directory, signature_keys=service.signature_keys())
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-        converter.allow_custom_ops = True  # tensorflow-text's kernels, checked by name below
+        converter.allow_custom_ops = service.ops == "text"  # tensorflow-text's kernels, checked by name below
         if quantization is not None:
             converter.optimizations = [tf.lite.Optimize.DEFAULT]  # without data: dynamic-range int8 weights
         if quantization == "float16":
             converter.target_spec.supported_types = [tf.float16]
         model = converter.convert()
-    check_operators(model)
+    check_operators(model, allowed=TEXT_OPERATORS if service.ops == "text" else ())
     model = top_k_sized_when_prepared(model)
     return int8_lookups(one_copy_of_each_table(model)) if quantization == "int8" else model
 
 
-def export_litert(service, out_dir, quantization=None):
+def export_litert(service, out_dir, quantization=None, held_out_texts=None):
     """Write `service` (e.g. `LiteRTTranslation`) into the new directory `out_dir`; returns `out_dir`.
 
     Converted into a temporary directory beside `out_dir` and renamed when
     whole: a failed conversion leaves nothing, and an existing `out_dir` is
-    refused before any work.
+    refused before any work. A builtin file (`service.ops`) gets its
+    tokenizers beside it (`device_text`), each checked first on
+    `held_out_texts` (`{name: texts}`, by `service.tokenizers()`'s names)
+    and `text.PROBE_SENTENCES`.
     """
-    check_request(out_dir, quantization)
+    check_request(out_dir, quantization, service.ops)
     model = convert(service, quantization)
     with directory_written_whole(out_dir) as partial:
         with open(os.path.join(partial, MODEL_FILE), "wb") as file:
             file.write(model)
+        tokenizers = {}
+        if service.ops == "builtin":
+            tokenizers = {name: device_text.write_tokenizer(tokenizer, partial, name)
+                          for name, tokenizer in service.tokenizers().items()}
+            for name, tokenizer in service.tokenizers().items():
+                texts = list((held_out_texts or {}).get(name, ())) + PROBE_SENTENCES
+                device_text.check_tokenizer(tokenizer, partial, tokenizers[name], texts, name)
         signatures = service.signatures()
         write_json(os.path.join(partial, SETTINGS_FILE), {
-            **service.settings(), "quantization": quantization or "float32", "operators": operators(model),
+            **service.settings(), "ops": service.ops, **({"tokenizers": tokenizers} if tokenizers else {}),
+            "quantization": quantization or "float32", "operators": operators(model),
             "signature": {name: {"inputs": [spec.name for spec in function.structured_input_signature[0]],
                                  "outputs": sorted(function.structured_outputs)}
                           for name, function in signatures.items()},

@@ -345,11 +345,12 @@ def operators(model):
     return sorted(found)
 
 
-def check_operators(model):
-    """A ValueError naming every operator of `model` that is neither builtin nor a tensorflow-text kernel."""
+def check_operators(model, allowed=TEXT_OPERATORS):
+    """A ValueError naming every operator of `model` that is neither builtin nor one of `allowed` (custom ones)."""
     from ai_edge_litert import schema_py_generated as schema
 
     builtin = set(vars(schema.BuiltinOperator))
-    foreign = [name for name in operators(model) if name not in builtin and name not in TEXT_OPERATORS]
+    foreign = [name for name in operators(model) if name not in builtin and name not in allowed]
     if foreign:
-        raise ValueError(f"the LiteRT file would need operators the mobile runtime lacks: {', '.join(foreign)}")
+        runtime = "the mobile runtime" if allowed else "stock LiteRT (builtin operators only)"
+        raise ValueError(f"the LiteRT file would need operators {runtime} lacks: {', '.join(foreign)}")

@@ -11,8 +11,8 @@ import tensorflow as tf
 
 from keras_transformer.export.litert.cache import write_along
 from keras_transformer.export.litert.decoding import LiteRTDecoding
-from keras_transformer.export.litert.text import LiteRTTokenizer
-from keras_transformer.inference.generator import framed_prompts
+from keras_transformer.export.litert.text import Framing, LiteRTTokenizer
+from keras_transformer.inference.generator import framed_padded_prompts, framed_prompts
 from keras_transformer.inference.search import beam_rows_per_source
 from keras_transformer.inference.sampling import SamplingSettings
 from keras_transformer.layers.cached_attention import KeyValueCache
@@ -37,6 +37,29 @@ LANGUAGE_MODEL_CACHE = KeyValueCache(write=lambda cached, new, index: write_alon
 TEXT = tf.TensorSpec([None], tf.string, name="text")
 SOURCE_LANGUAGE = tf.TensorSpec([None], tf.string, name="source_language")
 TARGET_LANGUAGE = tf.TensorSpec([None], tf.string, name="target_language")
+# A builtin file's inputs: each text's pieces as the host's tokenizer numbers them (0 after them), and
+# a multilingual checkpoint's language tokens as ids.
+PIECES = tf.TensorSpec([None, None], tf.int32, name="pieces")
+SOURCE_LANGUAGE_ID = tf.TensorSpec([None], tf.int32, name="source_language_id")
+TARGET_LANGUAGE_ID = tf.TensorSpec([None], tf.int32, name="target_language_id")
+# What a file holds around the model: tensorflow-text's kernels and text in and out, or builtin
+# operators only and ids in and out (the host tokenizes: `export.litert.device_text`).
+OPS = ("text", "builtin")
+
+
+def check_ops(ops):
+    if ops not in OPS:
+        raise ValueError(f"ops must be one of {OPS}, got {ops!r}")
+
+
+def pieces_and_counts(pieces):
+    """`(pieces, counts)` of a builtin file's `pieces` input: its `(batch, width)` ids and each row's count (no 0)."""
+    return pieces, tf.reduce_sum(tf.cast(pieces != 0, tf.int32), axis=1)
+
+
+def first_columns(pieces, width):
+    """The first `width` columns of `(batch, columns)` ids, padded with 0 where there are fewer."""
+    return tf.pad(pieces, [[0, 0], [0, width]])[:, :width]
 
 
 class LiteRTService:
@@ -46,7 +69,8 @@ class LiteRTService:
     module does not track: saving it traces the signatures alone.
     """
 
-    def __init__(self, model, functions):
+    def __init__(self, model, functions, ops="text"):
+        self.ops = ops
         self.root = tf.Module(name="litert")
         self.root.model_variables = [variable.value for variable in model.variables]
         for name, (function, input_signature) in functions.items():
@@ -67,18 +91,40 @@ class LiteRTTranslation(LiteRTService):
 
     A multilingual checkpoint's (M2M100, NLLB) has the SavedModel's
     `translate_between` too: `text`, `source_language`, `target_language`.
+    With `ops="builtin"`, ids in and out: `translate(pieces) -> {"tokens",
+    "score", "truncated"}` and `translate_between(pieces, source_language_id,
+    target_language_id)`.
     """
 
-    def __init__(self, translator):
+    def __init__(self, translator, ops="text"):
+        check_ops(ops)
         self.translator = translator
-        self.source = LiteRTTokenizer(translator.source_tokenizer, translator.model.max_length)
-        functions = {"translate": (self.translate, [TEXT])}
+        max_length = translator.model.max_length
+        if ops == "text":
+            self.source = LiteRTTokenizer(translator.source_tokenizer, max_length)
+            functions = {"translate": (self.translate, [TEXT])}
+            between = (self.translate_between, [TEXT, SOURCE_LANGUAGE, TARGET_LANGUAGE])
+        else:
+            self.source = Framing(translator.source_tokenizer, max_length)
+            functions = {"translate": (self.translate_pieces, [PIECES])}
+            between = (self.translate_pieces_between, [PIECES, SOURCE_LANGUAGE_ID, TARGET_LANGUAGE_ID])
         if translator.languages:
-            functions["translate_between"] = (self.translate_between, [TEXT, SOURCE_LANGUAGE, TARGET_LANGUAGE])
-        super().__init__(translator.model, functions)
+            functions["translate_between"] = between
+        super().__init__(translator.model, functions, ops)
 
     def translate(self, text):
         return self._translation(*self.source.framed_and_truncated(text))
+
+    def translate_pieces(self, pieces):
+        pieces, counts = pieces_and_counts(pieces)
+        return self._translation(*self.source.framed_and_truncated(lambda width: first_columns(pieces, width), counts))
+
+    def translate_pieces_between(self, pieces, source_language_id, target_language_id):
+        """`translate_pieces` with each text's own language tokens (the host looks their codes up)."""
+        pieces, counts = pieces_and_counts(pieces)
+        framed, truncated = self.source.framed_and_truncated(lambda width: first_columns(pieces, width), counts,
+                                                              source_language_id)
+        return self._translation(framed, truncated, first_ids=target_language_id)
 
     def translate_between(self, text, source_language, target_language):
         """`translate` with each text's own language pair, as `Translator.translate_between`.
@@ -108,17 +154,24 @@ class LiteRTTranslation(LiteRTService):
         # Padded to the longest output allowed: the detokenizer's string join needs its width when traced.
         cap = translator.settings.max_output_length
         tokens = tf.reshape(tf.pad(tokens, [[0, 0], [0, cap - tf.shape(tokens)[1]]]), [-1, cap])
+        if self.ops == "builtin":
+            return {"tokens": tokens, "score": scores, "truncated": truncated}
         return {"translation": translator.target_tokenizer.detokenize(tokens), "score": scores, "truncated": truncated}
 
     def settings(self):
         translator = self.translator
+        text_settings = ({"lowercase": self.source.lower_case, "max_bytes": self.source.max_bytes}
+                         if self.ops == "text" else {})
         return {
             "kind": "translation", **translator.settings.to_config(), "max_source_length": translator.model.max_length,
             "max_source_pieces": translator.pieces_read,
-            "sentences_per_run": self._sentences_per_run(),
-            "lowercase": self.source.lower_case, "max_bytes": self.source.max_bytes,
+            "sentences_per_run": self._sentences_per_run(), **text_settings,
             **({"languages": translator.languages} if translator.languages else {}),
         }
+
+    def tokenizers(self):
+        """The tokenizers a builtin file's host runs, by the name `litert.json` gives them."""
+        return {"source": self.translator.source_tokenizer, "target": self.translator.target_tokenizer}
 
     def _sentences_per_run(self):
         """The sentences the runner gives the file at once (`CACHE_BYTES_PER_POSITION`, `ROWS_PER_RUN`)."""
@@ -135,30 +188,48 @@ class LiteRTClassification(LiteRTService):
 
     As the SavedModel's `serving_default` (`export.classifier`): [CLS] and the
     text's pieces, cut to `max_length`, through the encoder, the pooling and
-    the head.
+    the head. With `ops="builtin"`: `classify(pieces) -> {"label_id",
+    "probabilities"}` (the labels are in `litert.json`).
     """
 
-    def __init__(self, model, tokenizer, max_length, labels):
-        self.model, self.max_length, self.labels = model, max_length, list(labels)
-        self.source = LiteRTTokenizer(tokenizer, max_length)
+    def __init__(self, model, tokenizer, max_length, labels, ops="text"):
+        check_ops(ops)
+        self.model, self.tokenizer, self.max_length, self.labels = model, tokenizer, max_length, list(labels)
         self.cls_id = tokenizer.vocab.index("[CLS]")
-        super().__init__(model, {"classify": (self.classify, [TEXT])})
+        if ops == "text":
+            self.source = LiteRTTokenizer(tokenizer, max_length)
+            function = self.classify
+        else:
+            function = self.classify_pieces
+        super().__init__(model, {"classify": (function, [TEXT if ops == "text" else PIECES])}, ops)
 
     def classify(self, text):
         pieces = self.source.pieces(text)
-        lengths = tf.minimum(tf.cast(pieces.row_lengths(), tf.int32) + 1, self.max_length)
+        outputs = self._classified(lambda width: dense_rows(pieces, width), tf.cast(pieces.row_lengths(), tf.int32))
+        return {"label": tf.gather(tf.constant(self.labels), outputs["label_id"]), **outputs}
+
+    def classify_pieces(self, pieces):
+        pieces, counts = pieces_and_counts(pieces)
+        return self._classified(lambda width: first_columns(pieces, width), counts)
+
+    def _classified(self, columns_of, counts):
+        """`label_id` and `probabilities` of texts of `counts` pieces; `columns_of(width)`: their first `width`."""
+        lengths = tf.minimum(counts + 1, self.max_length)
         width = tf.reduce_max(tf.concat([lengths, [1]], axis=0))  # [CLS] alone for an empty text
-        inside = tf.pad(dense_rows(pieces, width), [[0, 0], [1, 0]])[:, :width]  # column j: piece j - 1
+        inside = tf.pad(columns_of(width), [[0, 0], [1, 0]])[:, :width]  # column j: piece j - 1
         columns = tf.range(width)[None, :]
         ids = tf.where(columns == 0, self.cls_id, tf.where(columns < lengths[:, None], inside, 0))
         logits = tf.cast(self.model.head(self.model.embed(ids, training=False), training=False), tf.float32)
-        label_id = tf.argmax(logits, axis=-1, output_type=tf.int32)
-        return {"label": tf.gather(tf.constant(self.labels), label_id), "label_id": label_id,
+        return {"label_id": tf.argmax(logits, axis=-1, output_type=tf.int32),
                 "probabilities": tf.nn.softmax(logits, axis=-1)}
 
     def settings(self):
-        return {"kind": "classification", "labels": self.labels, "max_length": self.max_length,
-                "lowercase": self.source.lower_case, "max_bytes": self.source.max_bytes}
+        text_settings = ({"lowercase": self.source.lower_case, "max_bytes": self.source.max_bytes}
+                         if self.ops == "text" else {})
+        return {"kind": "classification", "labels": self.labels, "max_length": self.max_length, **text_settings}
+
+    def tokenizers(self):
+        return {"text": self.tokenizer}
 
 
 class LiteRTGeneration(LiteRTService):
@@ -171,37 +242,55 @@ class LiteRTGeneration(LiteRTService):
     `top_k`, `top_p` and `max_new_tokens`. A LiteRT file cannot refuse a
     request, so settings out of range are brought into it (a negative
     temperature is greedy, `max_new_tokens` at most what the model has room
-    for); `keras_transformer.on_device` refuses them first.
+    for); `keras_transformer.on_device` refuses them first. With
+    `ops="builtin"`, `pieces` in place of `text`, and the outputs `tokens`
+    (`(batch, max_length)`, [START] first, 0 after) and `lengths`.
     """
 
     SETTINGS = (("seed", tf.int32), ("temperature", tf.float32), ("top_k", tf.int32), ("top_p", tf.float32),
                 ("max_new_tokens", tf.int32))
 
-    def __init__(self, generator):
+    def __init__(self, generator, ops="text"):
+        check_ops(ops)
         self.generator = generator
-        self.source = LiteRTTokenizer(generator.tokenizer, generator.model.max_length)
+        if ops == "text":
+            self.source = LiteRTTokenizer(generator.tokenizer, generator.model.max_length)
         settings = [tf.TensorSpec([], dtype, name=name) for name, dtype in self.SETTINGS]
-        super().__init__(generator.model, {"generate_with_defaults": (self.generate_with_defaults, [TEXT]),
-                                           "generate": (self.generate, [TEXT, *settings])})
+        prompts = TEXT if ops == "text" else PIECES
+        super().__init__(generator.model, {"generate_with_defaults": (self.generate_with_defaults, [prompts]),
+                                           "generate": (self.generate, [prompts, *settings])}, ops)
 
-    def generate_with_defaults(self, text):
+    def generate_with_defaults(self, prompts):
         defaults = self.generator.defaults
-        return self.generate(text, tf.constant(0), *(tf.constant(defaults[name], dtype)
-                                                     for name, dtype in self.SETTINGS[1:]))
+        return self.generate(prompts, tf.constant(0), *(tf.constant(defaults[name], dtype)
+                                                        for name, dtype in self.SETTINGS[1:]))
 
-    def generate(self, text, seed, temperature, top_k, top_p, max_new_tokens):
+    def generate(self, prompts, seed, temperature, top_k, top_p, max_new_tokens):
+        """Continue `prompts` (texts, or a builtin file's `pieces`) with these sampling settings."""
         generator, max_length = self.generator, self.generator.model.max_length
         max_new_tokens = tf.clip_by_value(max_new_tokens, 1, max_length - 1)
         top_p = tf.where((top_p > 0) & (top_p <= 1), top_p, 1.0)
-        prompts, prompt_lengths = framed_prompts(self.source.pieces(text), generator.tokenizer.start_id,
-                                                 max_length - max_new_tokens)
+        room, start_id = max_length - max_new_tokens, generator.tokenizer.start_id
+        if self.ops == "text":
+            prompts, prompt_lengths = framed_prompts(self.source.pieces(prompts), start_id, room)
+        else:
+            pieces, counts = pieces_and_counts(prompts)
+            prompts, prompt_lengths = framed_padded_prompts(first_columns(pieces, tf.maximum(tf.shape(pieces)[1], 1)),
+                                                            counts, start_id, room)
         settings = SamplingSettings(max_new_tokens, tf.maximum(temperature, 0.0), tf.maximum(top_k, 0), top_p, seed)
         tokens, lengths = generator.sample(prompts, prompt_lengths, settings, cache_policy=LANGUAGE_MODEL_CACHE)
         # Padded to the model's length: the detokenizer's string join needs its width when traced.
         tokens = tf.reshape(tf.pad(tokens, [[0, 0], [0, max_length - tf.shape(tokens)[1]]]), [-1, max_length])
+        if self.ops == "builtin":
+            return {"tokens": tokens, "lengths": lengths, "new_tokens": lengths - prompt_lengths}
         outputs = generator.outputs(tokens, lengths, prompt_lengths)
         return {name: outputs[name] for name in ("text", "continuation", "new_tokens")}
 
     def settings(self):
+        text_settings = ({"lowercase": self.source.lower_case, "max_bytes": self.source.max_bytes}
+                         if self.ops == "text" else {})
         return {"kind": "language_model", **self.generator.defaults, "max_length": self.generator.model.max_length,
-                "lowercase": self.source.lower_case, "max_bytes": self.source.max_bytes}
+                **text_settings}
+
+    def tokenizers(self):
+        return {"text": self.generator.tokenizer}

@@ -41,23 +41,24 @@ class LiteRTTokenizer:
 
     def __init__(self, tokenizer, max_length):
         self.tokenizer, self.max_length = tokenizer, max_length
+        self.framing = Framing(tokenizer, max_length)
         self.max_bytes = BYTES_PER_POSITION * max_length
         self.lower_case = isinstance(tokenizer, WordPieceTokenizer) and tokenizer.lower_case
         self.lowercase = lowercase_table() if self.lower_case else None
         if isinstance(tokenizer, WordPieceTokenizer):
-            self.leading = [tokenizer.start_id]
             self._segment = tokenizer.wordpiece.tokenize
-        elif isinstance(tokenizer, SentencePieceTokenizer):
-            self.leading = ([] if tokenizer.start_id is None else [tokenizer.start_id]) + tokenizer.prefix_ids
-            self._segment = _sentencepiece_segmenter(tokenizer, max_length)
         else:
-            raise ValueError(f"the LiteRT export has no kernel for a {type(tokenizer).__name__}")
+            self._segment = _sentencepiece_segmenter(tokenizer, max_length)
 
     def pieces(self, texts):
         """Ragged `(batch, None)` ids of the texts' pieces, unframed (a BPE model's: the first `max_length`)."""
         if self.lowercase is not None:
             texts = lowercase_utf8(texts, self.lowercase, self.max_bytes)
         return self._segment(texts)
+
+    @property
+    def leading(self):
+        return self.framing.leading
 
     def framed(self, texts, language_ids=None):
         """`(batch, width)` int32: the leading ids, pieces and [END], cut to `max_length` keeping [END], 0 after.
@@ -70,11 +71,44 @@ class LiteRTTokenizer:
     def framed_and_truncated(self, texts, language_ids=None):
         """`(framed(texts), truncated)`: `truncated` `(batch,)` bool, the texts that did not fit `max_length`."""
         pieces = self.pieces(texts)
+        return self.framing.framed_and_truncated(lambda width: dense_rows(pieces, width),
+                                                 tf.cast(pieces.row_lengths(), tf.int32), language_ids)
+
+
+class Framing:
+    """How a text's pieces become the model's input: the leading ids, the pieces, [END], cut keeping [END].
+
+    The text file frames what its tokenizer kernel segments; a builtin
+    file frames the pieces the host's tokenizer gives it
+    (`keras_transformer.device_tokenizers`), as the run's `tokenize` does.
+
+    Args:
+        tokenizer: the run's `text.WordPieceTokenizer` or `text.SentencePieceTokenizer`.
+        max_length: ids per text at most.
+    """
+
+    def __init__(self, tokenizer, max_length):
+        self.tokenizer, self.max_length = tokenizer, max_length
+        if isinstance(tokenizer, WordPieceTokenizer):
+            self.leading = [tokenizer.start_id]
+        elif isinstance(tokenizer, SentencePieceTokenizer):
+            self.leading = ([] if tokenizer.start_id is None else [tokenizer.start_id]) + tokenizer.prefix_ids
+        else:
+            raise ValueError(f"the LiteRT export has no kernel for a {type(tokenizer).__name__}")
+
+    def framed_and_truncated(self, columns_of, counts, language_ids=None):
+        """`(framed, truncated)` of texts of `counts` pieces; `columns_of(width)`: their first `width`, 0 after.
+
+        `framed`: `(batch, <= max_length)` int32, 0 after each text;
+        `truncated`: `(batch,)` bool, the texts that did not fit.
+        `language_ids`: `(batch,)` each text's language token, in place of
+        the one prefix token (M2M100's, NLLB's source language).
+        """
         leading = len(self.leading)
-        full_lengths = tf.cast(pieces.row_lengths(), tf.int32) + leading + 1
+        full_lengths = counts + leading + 1
         lengths = tf.minimum(full_lengths, self.max_length)
         width = tf.reduce_max(tf.concat([lengths, [0]], axis=0))
-        inside = tf.pad(dense_rows(pieces, width), [[0, 0], [leading, 0]])[:, :width]  # column j: piece j - leading
+        inside = tf.pad(columns_of(width), [[0, 0], [leading, 0]])[:, :width]  # column j: piece j - leading
         columns = tf.range(width)[None, :]
         leading_ids = tf.gather(tf.constant(self.leading + [0], tf.int32), tf.minimum(columns, leading))
         if language_ids is not None:

@@ -1,0 +1,57 @@
+"""A builtin file's tokenizers, written in the host libraries' formats and checked against the run's own.
+
+A LiteRT file of builtin operators takes and gives ids (`signatures`, with
+`ops="builtin"`): each side's tokenizer goes beside it, read on the device
+by `keras_transformer.device_tokenizers` (Hugging Face's `tokenizers` for a
+WordPiece vocabulary, the `sentencepiece` package for a SentencePiece
+model). Before anything is written, the host library tokenizes held-out
+text (the run's validation text, and `text.PROBE_SENTENCES`) and decodes
+the run's ids of it: a sentence on which it differs from the run's own
+tokenizer refuses the export, naming it.
+"""
+
+import os
+
+import tensorflow as tf
+
+from keras_transformer import device_tokenizers
+from keras_transformer.saving import write_json
+from keras_transformer.text import SentencePieceTokenizer, WordPieceTokenizer
+
+# How many differing sentences a refusal quotes.
+_QUOTED = 3
+
+
+def write_tokenizer(tokenizer, export_dir, name):
+    """Write `tokenizer` into `export_dir/name` in its host library's format; returns its `litert.json` entry."""
+    directory = os.path.join(export_dir, name)
+    if isinstance(tokenizer, WordPieceTokenizer):
+        os.makedirs(directory)
+        write_json(os.path.join(directory, "tokenizer.json"), tokenizer.hugging_face_json())
+        kind = "wordpiece"
+    elif isinstance(tokenizer, SentencePieceTokenizer):
+        tokenizer.save(directory)  # the .model file(s), vocab.json (the id mapping) and tokenizer.json
+        kind = "sentencepiece"
+    else:
+        raise ValueError(f"a builtin LiteRT file has no host tokenizer for a {type(tokenizer).__name__}")
+    return {"kind": kind, "directory": name, "dropped_ids": [int(index) for index in tokenizer.dropped_ids]}
+
+
+def check_tokenizer(tokenizer, export_dir, recorded, texts, side):
+    """A one-line ValueError unless the host library reads `texts` as `tokenizer` does, and writes its ids back alike.
+
+    `recorded`: what `write_tokenizer` returned; `side`: how the refusal
+    names the tokenizer ("source", "target", "text").
+    """
+    device = device_tokenizers.load(export_dir, recorded)
+    texts = list(texts)
+    ours = [row for row in tokenizer.tokenize(tf.constant(texts, tf.string), add_start_end=False).to_list()]
+    theirs = device.pieces(texts)
+    differ = [text for text, expected, got in zip(texts, ours, theirs) if expected != got]
+    written = [value.decode("utf-8") for value in tokenizer.detokenize(tf.ragged.constant(ours, tf.int32,
+                                                                                           ragged_rank=1)).numpy()]
+    differ += [text for text, row, expected in zip(texts, ours, written) if device.text(row) != expected]
+    if differ:
+        quoted = "; ".join(repr(text[:60]) for text in differ[:_QUOTED])
+        raise ValueError(f"the {side} tokenizer's host library reads {len(differ)} of {len(texts)} held-out "
+                         f"sentences otherwise than the run (e.g. {quoted}): export --ops text instead")
