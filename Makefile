@@ -10,11 +10,23 @@ DEMO_EXPORT ?= exports/demo
 
 .PHONY: install demo test test-prerequisites test-fast test-backends bench clean
 
-$(STAMP): setup.py
+$(STAMP): setup.py device-requirements.txt
 	test -x $(PYTHON) || python3 -m venv $(VENV)
 	$(PYTHON) -m pip install --quiet --upgrade pip
 	$(PYTHON) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
+
+# A device's Python, as docs/on-device.md tells a device to install it: the package without its
+# dependencies, then device-requirements.txt (LiteRT's runtime, the tokenizer libraries, NumPy): no
+# TensorFlow, no Keras. tests/test_on_device.py runs builtin LiteRT exports there.
+DEVICE_VENV ?= .venv-device
+DEVICE_STAMP := $(DEVICE_VENV)/.installed-stamp
+
+$(DEVICE_STAMP): setup.py device-requirements.txt
+	test -x $(DEVICE_VENV)/bin/python || python3 -m venv $(DEVICE_VENV)
+	$(DEVICE_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	$(DEVICE_VENV)/bin/python -m pip install --quiet -r device-requirements.txt
+	touch $(DEVICE_STAMP)
 
 install: $(STAMP)
 
@@ -51,14 +63,14 @@ test-prerequisites:
 # tests on JAX (tests/test_backends.py compares the backends' outputs). The JAX
 # part runs even when the TensorFlow part failed, so that one run reports both;
 # make's exit status is non-zero if either failed.
-test: test-prerequisites $(STAMP)
+test: test-prerequisites $(STAMP) $(DEVICE_STAMP)
 	failed=""; \
 	$(PYTEST) || failed="the TensorFlow part"; \
 	$(ON_JAX) $(PYTEST) -m "not slow" $(BACKEND_TESTS) || failed="$${failed:+$$failed and }the JAX part"; \
 	if [ -n "$$failed" ]; then echo "make test: $$failed failed" >&2; exit 1; fi
 
 # Everything but the tests marked slow.
-test-fast: test-prerequisites $(STAMP)
+test-fast: test-prerequisites $(STAMP) $(DEVICE_STAMP)
 	$(PYTEST) -m "not slow"
 
 # The speed benchmark (BENCHMARKS.md): installs the `bench` extra (keras-hub)

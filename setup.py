@@ -4,6 +4,10 @@ from pathlib import Path
 
 from setuptools import find_packages, setup
 
+# What a device needs to run a builtin LiteRT export, one requirement a line (comments aside).
+DEVICE_REQUIREMENTS = [line.strip() for line in Path(__file__).with_name("device-requirements.txt").read_text().splitlines()
+                       if line.strip() and not line.startswith("#")]
+
 setup(
     name="keras-transformer",
     version="0.1.0",
@@ -32,13 +36,14 @@ setup(
         "serving": ["tensorflow-serving-api~=2.21.0"],
         # `export --format ctranslate2` and `translate --ctranslate2`: CTranslate2 as a deployment target.
         "ctranslate2": ["ctranslate2>=4.5"],
-        # `translate --litert`: the LiteRT runtime for `export --format litert` (keras_transformer.on_device).
-        "litert": ["ai-edge-litert>=2.0"],
+        # `translate --litert`: the LiteRT runtime for `export --format litert` (keras_transformer.on_device),
+        # and the host tokenizer libraries a builtin file (`--ops builtin`) runs with.
+        "litert": DEVICE_REQUIREMENTS,
         # playwright drives Debian's chromium in the attention explorer's test (no browser download).
         # ctranslate2: the CTranslate2 export is tested too. jax: the layer and model tests run on it too.
         "dev": [
             "pytest>=8", "pytest-xdist", "tensorflow-serving-api~=2.21.0", "playwright", "ctranslate2>=4.5", "jax>=0.4.36",
-            "ai-edge-litert>=2.0",
+            *DEVICE_REQUIREMENTS,
         ],
         # `make bench`: the keras-hub and CTranslate2 contenders, and PyTorch's nn.Transformer.
         "bench": ["keras-hub>=0.20", "ctranslate2>=4.5"],

@@ -1,6 +1,6 @@
 """On-device translation: the LiteRT file against our SavedModel and CTranslate2, text in and text out.
 
-    python benchmarks/litert.py RUN_DIR [--sentences 128] [--threads 2]
+    python benchmarks/litert.py RUN_DIR [--sentences 128] [--threads 2] [--roads litert_int8]
     python benchmarks/litert.py --opus-mt-base [--sentences 32] [--rounds 3]
     python benchmarks/litert.py --bpe-tokenizer [--vocab-size 32000]
 
@@ -13,6 +13,11 @@ sentence at a time) and at batch 32, each timed over two rounds (the
 faster kept). Prints one JSON line per road with sentences/s, peak RSS,
 seconds to the first translation, file size and BLEU against the
 references; BENCHMARKS.md has the figures and the CPU they came from.
+The builtin LiteRT files (`litert_builtin_*`, `--ops builtin`: the host's
+tokenizer libraries around a file of builtin operators) run as a device
+runs them: in `.venv-device`'s Python (no TensorFlow; `make test` builds
+it), where there is one. `--roads` keeps the roads whose names start with
+one of its comma-separated prefixes.
 `--rounds N` runs every road's process N times, the roads in turn and every
 other round in reverse order, and prints each figure's median, with the
 rates of every round (`batch1_rounds`, `batch32_rounds`): a machine that
@@ -42,6 +47,8 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
+# A device's Python: no TensorFlow, no Keras (the Makefile's .venv-device).
+DEVICE_PYTHON = os.path.join(HERE, "..", ".venv-device", "bin", "python")
 
 # One road, in its own process: argv = road, path, threads, sentences file.
 _ROAD = r"""
@@ -203,6 +210,7 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=1, help="each road's process this many times, in turn")
     parser.add_argument("--max-output-length", type=int, default=None)
+    parser.add_argument("--roads", default="", help="comma-separated prefixes of the roads to run (default: all)")
     parser.add_argument("--bpe-tokenizer", action="store_true", help="the tokenizers alone: BPE against unigram")
     parser.add_argument("--vocab-size", type=int, default=32000, help="--bpe-tokenizer: the models' size")
     arguments = parser.parse_args()
@@ -230,24 +238,14 @@ def main():
         sentences_file = os.path.join(directory, "sentences.txt")
         with open(sentences_file, "w", encoding="utf-8") as file:
             file.write("\n".join(source for source, _ in pairs))
-        roads = {}
-        for beam in (1, 4):
-            name = f"beam{beam}"
-            limits = dict(beam_size=beam, max_output_length=arguments.max_output_length)
-            roads[f"saved_model_{name}"] = translation.export(arguments.run_dir, os.path.join(directory, f"sm{beam}"),
-                                                              **limits)
-            for quantization in (None, "int8"):
-                path = os.path.join(directory, f"litert{beam}{quantization or ''}")
-                translation.export_litert(arguments.run_dir, path, quantization=quantization, **limits)
-                roads[f"litert_{quantization or 'float32'}_{name}"] = path
-        ct2 = translation.export_ctranslate2(arguments.run_dir, os.path.join(directory, "ct2"), quantization="int8",
-                                             max_output_length=arguments.max_output_length)
-        roads["ctranslate2_int8_beam1"] = roads["ctranslate2_int8_beam4"] = ct2
+        roads = _exported_roads(arguments, directory, [prefix for prefix in arguments.roads.split(",") if prefix])
         references = [target for _, target in pairs]
         runs = {road: [] for road in roads}
         for round_index in range(arguments.rounds):
             for road in list(roads) if round_index % 2 == 0 else list(roads)[::-1]:
-                result = subprocess.run([sys.executable, "-c", _ROAD, road, roads[road], str(arguments.threads),
+                python = DEVICE_PYTHON if road.startswith("litert_builtin") and os.path.exists(DEVICE_PYTHON) \
+                    else sys.executable
+                result = subprocess.run([python, "-c", _ROAD, road, roads[road], str(arguments.threads),
                                          sentences_file], capture_output=True, text=True, check=True)
                 runs[road].append(json.loads(result.stdout.splitlines()[-1]))
         for road, path in roads.items():
@@ -260,6 +258,33 @@ def main():
             if any(references):
                 row["bleu"] = round(sacrebleu.corpus_bleu(translations, [references]).score, 2)
             print(json.dumps(row), flush=True)
+
+
+def _exported_roads(arguments, directory, prefixes):
+    """`{road: its export's path}`: the roads whose names start with one of `prefixes` (all, if none), exported."""
+    from keras_transformer.runs import translation
+
+    def wanted(road):
+        return not prefixes or any(road.startswith(prefix) for prefix in prefixes)
+
+    roads = {}
+    for beam in (1, 4):
+        name = f"beam{beam}"
+        limits = dict(beam_size=beam, max_output_length=arguments.max_output_length)
+        if wanted(f"saved_model_{name}"):
+            roads[f"saved_model_{name}"] = translation.export(arguments.run_dir, os.path.join(directory, f"sm{beam}"),
+                                                              **limits)
+        for ops, quantization in (("text", None), ("text", "int8"), ("builtin", "int8")):
+            road = f"litert_{'builtin_' if ops == 'builtin' else ''}{quantization or 'float32'}_{name}"
+            if wanted(road):
+                path = os.path.join(directory, road)
+                translation.export_litert(arguments.run_dir, path, quantization=quantization, ops=ops, **limits)
+                roads[road] = path
+    if wanted("ctranslate2"):
+        ct2 = translation.export_ctranslate2(arguments.run_dir, os.path.join(directory, "ct2"), quantization="int8",
+                                             max_output_length=arguments.max_output_length)
+        roads["ctranslate2_int8_beam1"] = roads["ctranslate2_int8_beam4"] = ct2
+    return roads
 
 
 def _median_row(rows):

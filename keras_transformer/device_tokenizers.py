@@ -99,9 +99,9 @@ class SentencePieceOnDevice:
         self.dropped = frozenset(dropped_ids)
         self.surfaces = [""] + [surface.replace("\u2581", " ") for surface in _surfaces(vocab, decoder)]
 
-    def id_of(self, token):
-        """Our id of a checkpoint token (a language's, for `translate_between`)."""
-        return self.ids[token]
+    def language_id(self, code):
+        """Our id of the token of the language `code` names ("fr", "fra_Latn"), as `translate_between` takes it."""
+        return self.ids[self.settings["languages"][code]]
 
     def pieces(self, texts):
         """Each text's ids (a language code's, then its pieces'), unframed: what the file's `pieces` input holds."""

@@ -180,13 +180,12 @@ class LiteRTModel:
 
     def _language_ids(self, inputs):
         """A builtin file's inputs: a request's language codes as the ids of their tokens, each side's own."""
-        languages = self.settings.get("languages") or {}
         converted = {}
         for name, side in (("source_language", "source"), ("target_language", "target")):
             if name in inputs:
                 codes = inputs.pop(name)
                 converted[f"{name}_id"] = np.array(
-                    [self.tokenizers[side].id_of(languages[code.decode("utf-8")]) for code in codes], np.int32)
+                    [self.tokenizers[side].language_id(code.decode("utf-8")) for code in codes], np.int32)
         return {**inputs, **converted}
 
     def translate(self, texts, batch_size=None, source_language=None, target_language=None):

@@ -11,6 +11,8 @@ import fcntl
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -201,3 +203,70 @@ def trained_language_model_run(tmp_path_factory):
 
     directory, stdout = built_once(tmp_path_factory, "language-model", train)
     return Path(directory) / "lm", stdout
+
+
+# LiteRT exports of the session's runs, shared by test_litert.py and test_on_device.py.
+
+
+@pytest.fixture(scope="session")
+def litert_exports(trained_demo_run, tmp_path_factory):
+    """The demo run exported once per session: float32 greedy and beam 4, int8 and float16 greedy; and
+    as builtin files (`--ops builtin`), float32 greedy and beam 4 and int8 greedy (`builtin-greedy`, ...)."""
+    from keras_transformer.runs import translation
+
+    run, _ = trained_demo_run
+
+    def export(directory):
+        for name, beam_size, quantization in (("greedy", 1, None), ("beam", 4, None), ("int8", 1, "int8"),
+                                              ("float16", 1, "float16")):
+            translation.export_litert(str(run), str(directory / name), quantization=quantization, beam_size=beam_size)
+        for name, beam_size, quantization in (("greedy", 1, None), ("beam", 4, None), ("int8", 1, "int8")):
+            translation.export_litert(str(run), str(directory / f"builtin-{name}"), quantization=quantization,
+                                      beam_size=beam_size, ops="builtin")
+        return {}
+
+    directory, _ = built_once(tmp_path_factory, "litert", export)
+    return run, Path(directory)
+
+
+@pytest.fixture(scope="session")
+def classifier_exports(tmp_path_factory):
+    """A tiny lowercasing classifier trained on labelled reviews, and its LiteRT exports (float32): `litert`
+    (by the console script, whose output is kept) and `builtin` (`--ops builtin`)."""
+
+    def train(directory):
+        from helpers import ENV, cli
+        from test_classifier_run import write_reviews
+
+        from keras_transformer.runs import classification
+
+        write_reviews(directory / "reviews.csv", 400, seed=0)
+        cli("train-classifier", "--dataset", f"csv:{directory / 'reviews.csv'}", "--out", directory / "run",
+            "--epochs", 1, "--vocab-size", 80, "--num-layers", 1, "--d-model", 16, "--num-heads", 2, "--d-ff", 32,
+            "--max-length", 16, "--projector-samples", 10)
+        # The command a user runs (the installed console script), in a process of its own: what it
+        # prints is proved below.
+        exported = subprocess.run([str(Path(sys.executable).with_name("keras-transformer")), "export",
+                                   str(directory / "run"), str(directory / "litert"), "--format", "litert"],
+                                  capture_output=True, text=True, env=ENV, timeout=600, check=True)
+        classification.export_litert(str(directory / "run"), str(directory / "builtin"), ops="builtin")
+        return {"stdout": exported.stdout, "stderr": exported.stderr}
+
+    directory, printed = built_once(tmp_path_factory, "litert-classifier", train)
+    return Path(directory), printed
+
+
+@pytest.fixture(scope="session")
+def language_model_export(trained_language_model_run, tmp_path_factory):
+    """The language model's LiteRT exports: `(run, the text file's directory)`; `builtin` beside it."""
+    run, _ = trained_language_model_run
+
+    def export(directory):
+        from keras_transformer.runs import language_model
+
+        language_model.export_litert(str(run), str(directory / "litert"))
+        language_model.export_litert(str(run), str(directory / "builtin"), ops="builtin")
+        return {}
+
+    directory, _ = built_once(tmp_path_factory, "litert-language-model", export)
+    return run, Path(directory) / "litert"

@@ -31,21 +31,6 @@ TOKENIZER_SENTENCES = [
 ]
 
 
-@pytest.fixture(scope="session")
-def litert_exports(trained_demo_run, tmp_path_factory):
-    """The demo run exported once per session: float32 greedy and beam 4, int8 and float16 greedy."""
-    run, _ = trained_demo_run
-
-    def export(directory):
-        for name, beam_size, quantization in (("greedy", 1, None), ("beam", 4, None), ("int8", 1, "int8"),
-                                              ("float16", 1, "float16")):
-            translation.export_litert(str(run), str(directory / name), quantization=quantization, beam_size=beam_size)
-        return {}
-
-    directory, _ = built_once(tmp_path_factory, "litert", export)
-    return run, Path(directory)
-
-
 @pytest.mark.slow
 def test_float32_greedy_translates_token_for_token_as_the_run_and_beam_4_never_worse(litert_exports):
     run, exports = litert_exports
@@ -79,8 +64,8 @@ def test_a_beam_search_file_translates_a_large_batch_in_parts_as_it_would_at_onc
     texts = SENTENCES[:40]
     runs = []  # the batches the file is given, seen on their way in
     answer = LiteRTModel._answer
-    monkeypatch.setattr(LiteRTModel, "_answer", staticmethod(lambda runner, batch, **inputs: (
-        runs.append(len(batch)), answer(runner, batch, **inputs))[1]))
+    monkeypatch.setattr(LiteRTModel, "_answer", lambda self, runner, batch, **inputs: (
+        runs.append(len(batch)), answer(self, runner, batch, **inputs))[1])
     in_parts = beam.translate(texts)
     assert runs == [12, 12, 12, 4]
     at_once = beam.translate(texts, batch_size=len(texts))
@@ -291,28 +276,6 @@ def test_the_portable_tokenizer_segments_as_ours(lower_case):
     assert not ours[:, portable.shape[1]:].any()
 
 
-@pytest.fixture(scope="session")
-def classifier_exports(tmp_path_factory):
-    """A tiny lowercasing classifier trained on labelled reviews, and its LiteRT export (float32)."""
-
-    def train(directory):
-        from test_classifier_run import write_reviews
-
-        write_reviews(directory / "reviews.csv", 400, seed=0)
-        cli("train-classifier", "--dataset", f"csv:{directory / 'reviews.csv'}", "--out", directory / "run",
-            "--epochs", 1, "--vocab-size", 80, "--num-layers", 1, "--d-model", 16, "--num-heads", 2, "--d-ff", 32,
-            "--max-length", 16, "--projector-samples", 10)
-        # The command a user runs (the installed console script), in a process of its own: what it
-        # prints is proved below.
-        exported = subprocess.run([str(Path(sys.executable).with_name("keras-transformer")), "export",
-                                   str(directory / "run"), str(directory / "litert"), "--format", "litert"],
-                                  capture_output=True, text=True, env=ENV, timeout=600, check=True)
-        return {"stdout": exported.stdout, "stderr": exported.stderr}
-
-    directory, printed = built_once(tmp_path_factory, "litert-classifier", train)
-    return Path(directory), printed
-
-
 @pytest.mark.slow
 def test_the_classifier_file_gives_the_runs_probabilities(classifier_exports):
     classifier_exports, printed = classifier_exports
@@ -340,20 +303,6 @@ def test_a_document_is_classified_line_by_line_a_blank_line_answered_blank(class
         result = cli_here("classify", *given, input=DOCUMENT)
         check_one_answer_per_line(result, lambda text: cli_here("classify", *given, text).stdout.removesuffix("\n"))
     assert LiteRTModel(classifier_exports / "litert").classify(["", " ", "x"])[:2] == [(None, None)] * 2
-
-
-@pytest.fixture(scope="session")
-def language_model_export(trained_language_model_run, tmp_path_factory):
-    run, _ = trained_language_model_run
-
-    def export(directory):
-        from keras_transformer.runs import language_model
-
-        language_model.export_litert(str(run), str(directory / "litert"))
-        return {}
-
-    directory, _ = built_once(tmp_path_factory, "litert-language-model", export)
-    return run, Path(directory) / "litert"
 
 
 @pytest.mark.slow
@@ -425,7 +374,8 @@ PRETRAINED = {"marian-shared-swish": None, "marian-separate-relu": None,
 
 @pytest.fixture(scope="session")
 def pretrained_exports(tmp_path_factory):
-    """Every pretrained fixture imported as a run, each exported greedy and with the checkpoint's beam 4."""
+    """Every pretrained fixture imported as a run, each exported greedy and with the checkpoint's beam 4, and
+    greedy as a builtin file (`NAME-builtin`: the checkpoint's SentencePiece models on the host)."""
     from test_pretrained import FIXTURES
 
     def build(directory):
@@ -436,6 +386,8 @@ def pretrained_exports(tmp_path_factory):
             for search, beam_size in (("greedy", 1), ("beam", 4)):
                 translation.export_litert(str(directory / name), str(directory / f"{name}-{search}"),
                                           beam_size=beam_size)
+            translation.export_litert(str(directory / name), str(directory / f"{name}-builtin"), beam_size=1,
+                                      ops="builtin")
         return {}
 
     directory, _ = built_once(tmp_path_factory, "litert-pretrained", build)
@@ -462,6 +414,10 @@ def test_an_imported_checkpoint_translates_on_device_as_its_run_and_hugging_face
         else:
             assert sum(a == b for a, b in zip(ours, theirs)) >= 0.97 * len(sentences), list(zip(ours, theirs))
             assert np.all(on_device["score"] >= runs_own["score"].numpy() - 1e-4)
+    # The builtin file, the checkpoint's SentencePiece model run by the `sentencepiece` package: the same.
+    builtin = LiteRTModel(pretrained_exports / f"{name}-builtin")
+    assert builtin.settings["tokenizers"]["source"]["kind"] == "sentencepiece"
+    assert builtin.translate(sentences) == LiteRTModel(pretrained_exports / f"{name}-greedy").translate(sentences)
 
 
 @pytest.mark.parametrize("name", [name for name, pairs in PRETRAINED.items() if pairs])
@@ -493,6 +449,11 @@ def test_a_multilingual_file_translates_each_texts_own_language_pair_and_refuses
             model.translate(sentences[:2], **codes)
         assert "\n" not in str(refused.value)
     assert model.translate(sentences[:2]) == made_for  # and it serves on
+    builtin = LiteRTModel(pretrained_exports / f"{name}-builtin")  # the host looks the codes' tokens up
+    assert builtin.translate(sentences, source_language=sources, target_language=targets) == [
+        text.decode() for text in ours["translation"].numpy()]
+    with pytest.raises(ValueError, match="must be a language code"):
+        builtin.translate(sentences[:1], source_language="Klingon", target_language=target)
     with pytest.raises(ValueError, match="takes no source_language"):
         LiteRTModel(pretrained_exports / "marian-shared-swish-greedy").translate(["A dog."], source_language="en",
                                                                                 target_language="de")

@@ -92,7 +92,7 @@ class LiteRTTranslation(LiteRTService):
     A multilingual checkpoint's (M2M100, NLLB) has the SavedModel's
     `translate_between` too: `text`, `source_language`, `target_language`.
     With `ops="builtin"`, ids in and out: `translate(pieces) -> {"tokens",
-    "score", "truncated"}` and `translate_between(pieces, source_language_id,
+    "score", "truncated"}` (`truncated` as int32 1 or 0) and `translate_between(pieces, source_language_id,
     target_language_id)`.
     """
 
@@ -154,8 +154,8 @@ class LiteRTTranslation(LiteRTService):
         # Padded to the longest output allowed: the detokenizer's string join needs its width when traced.
         cap = translator.settings.max_output_length
         tokens = tf.reshape(tf.pad(tokens, [[0, 0], [0, cap - tf.shape(tokens)[1]]]), [-1, cap])
-        if self.ops == "builtin":
-            return {"tokens": tokens, "score": scores, "truncated": truncated}
+        if self.ops == "builtin":  # int32 flags: LiteRT.js reads float32, int32 and uint8 tensors only
+            return {"tokens": tokens, "score": scores, "truncated": tf.cast(truncated, tf.int32)}
         return {"translation": translator.target_tokenizer.detokenize(tokens), "score": scores, "truncated": truncated}
 
     def settings(self):
