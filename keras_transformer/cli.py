@@ -200,7 +200,7 @@ def _add_export_command(commands):
     export.add_argument("--format", choices=list(exporters.FORMATS), default="saved_model", help=exporters.FORMAT_HELP)
     export.add_argument("--quantization", choices=["int8", "int8_float32", "int8_float16", "int8_bfloat16", "float16",
                                                    "bfloat16"],
-                        help="--format ctranslate2 or litert (int8, float16), hf (float16, bfloat16; default "
+                        help="--format ctranslate2, litert or web (int8, float16), hf (float16, bfloat16; default "
                         "float32, or an imported checkpoint's own): how its weights are stored")
     export.add_argument("--ops", choices=["text", "builtin"],
                         help="--format litert: text in and out on tensorflow-text's kernels (default), or ids in and "

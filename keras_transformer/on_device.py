@@ -164,10 +164,17 @@ class LiteRTModel:
         # A prompt is continued from its last pieces; a text to translate or classify is read from its first.
         cut = (lambda row: row[-limit:]) if self.kind == "language_model" else (lambda row: row[:limit])
         rows = [cut(row) for row in tokenizer.pieces([text.decode("utf-8") for text in texts])]
-        pieces = np.zeros([len(rows), max([1, *map(len, rows)])], np.int32)
+        fixed_rows = self.settings.get("input_rows")  # a web page's file: inputs of one shape (`export.web`)
+        pieces = np.zeros([len(rows), limit if fixed_rows else max([1, *map(len, rows)])], np.int32)
         for index, row in enumerate(rows):
             pieces[index, :len(row)] = row
-        outputs = runner(pieces=pieces, **self._language_ids(inputs)) if len(rows) else _empty_outputs(runner)
+        inputs = self._language_ids(inputs)
+        if not len(rows):
+            outputs = _empty_outputs(runner)
+        elif fixed_rows:
+            outputs = _run_in_fixed_rows(runner, fixed_rows, pieces=pieces, **inputs)
+        else:
+            outputs = runner(pieces=pieces, **inputs)
         if self.kind == "translation":
             target = self.tokenizers["target"]
             outputs["translation"] = _strings(target.text(row) for row in outputs["tokens"])
@@ -305,6 +312,19 @@ def _interpreter(model_path, ops, num_threads):
 
     return InterpreterWithCustomOps(model_path=model_path, custom_op_registerers=text_operator_registerers(),
                                     num_threads=num_threads)
+
+
+def _run_in_fixed_rows(runner, fixed_rows, **inputs):
+    """`runner`'s outputs for inputs of any number of rows, given to it `fixed_rows` at a time (0s after the last)."""
+    count = len(inputs["pieces"])
+    parts = []
+    for start in range(0, count, fixed_rows):
+        part = {name: value[start:start + fixed_rows] if np.ndim(value) else value for name, value in inputs.items()}
+        missing = fixed_rows - len(part["pieces"])
+        part = {name: np.pad(value, [(0, missing)] + [(0, 0)] * (np.ndim(value) - 1)) if np.ndim(value) else value
+                for name, value in part.items()}
+        parts.append(runner(**part))
+    return {name: np.concatenate([part[name] for part in parts])[:count] for name in parts[0]}
 
 
 def _empty_outputs(runner):

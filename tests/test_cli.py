@@ -260,7 +260,7 @@ def test_each_export_format_refuses_in_one_line_what_it_cannot_take():
     assert refusal("hf", "translation", quantization="int8") == (
         "--format hf stores float32, float16 or bfloat16 weights, not int8")
     assert refusal("saved_model", "translation", quantization="int8") == (
-        "--quantization is for --format ctranslate2 or litert")
+        "--quantization is for --format ctranslate2, litert, web or hf")
     assert refusal("ctranslate2", "classification") == (
         "--format ctranslate2 exports a translation run, to a new directory (no --version)")
     assert refusal("litert", "translation", version=2) == "--format litert writes a new directory (no --version)"

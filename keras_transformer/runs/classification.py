@@ -13,6 +13,7 @@ A classifier run also keeps its class names (`labels.txt`), for `classify`
 and the export.
 """
 
+import functools
 import logging
 import os
 
@@ -237,16 +238,24 @@ def export(run_dir, export_base, version=None):
     )
 
 
-def export_litert(run_dir, out_dir, quantization=None, ops="text"):
-    """Write the run's classifier as a LiteRT file in the new directory `out_dir` (`export.litert`); returns it."""
-    from keras_transformer.export import litert
+def export_litert(run_dir, out_dir, quantization=None, ops="text", web=False):
+    """Write the run's classifier as a LiteRT file in the new directory `out_dir` (`export.litert`); returns it.
+
+    `web`: a page around a builtin file, which classifies offline in a browser (`export.web`).
+    """
+    from keras_transformer.export import litert, web as pages
 
     litert.check_request(out_dir, quantization, ops)  # before the model is loaded
     classifier = Classifier(run_dir)
     service = litert.LiteRTClassification(classifier.model, classifier.tokenizer, classifier.max_length,
-                                          classifier.class_names, ops)
-    held_out = runs.held_out_texts(lambda: [text for text, _ in load_examples(classifier.config["data"])["val"]])
-    return litert.export_litert(service, out_dir, quantization, {"text": held_out})
+                                          classifier.class_names, ops, fixed_rows=1 if web else None)
+    held_out = {"text": runs.held_out_texts(lambda: [text for text, _ in load_examples(classifier.config["data"])["val"]])}
+    if web:
+        return pages.export_web(service, out_dir, quantization, held_out)
+    return litert.export_litert(service, out_dir, quantization, held_out)
+
+
+export_web = functools.partial(export_litert, ops="builtin", web=True)  # `export --format web`
 
 
 __all__ = [

@@ -30,7 +30,8 @@ class Exporter:
     how the command of the run's kind reads the export, for the kinds in
     `runner_tasks` (`translate --saved-model`; `classify --litert`);
     `takes_ops`: what `--ops` names, the operators around the model
-    (LiteRT's text kernels or builtin operators only).
+    (LiteRT's text kernels or builtin operators only); `try_it`: the
+    "try it" line of a format no command reads (`{path}`: the export).
     """
 
     title: str
@@ -42,6 +43,7 @@ class Exporter:
     runner_flag: str | None = None
     runner_tasks: tuple = (TRANSLATION, CLASSIFICATION, LANGUAGE_MODEL)
     takes_ops: bool = False
+    try_it: str | None = None
 
     def refusal(self, name, task, options):
         """Why this export cannot be made from these options (one line), or None."""
@@ -62,7 +64,7 @@ class Exporter:
         quantization = options.get("quantization")
         if quantization is not None and self.quantizations is not None and quantization not in self.quantizations:
             if not self.quantizations:
-                return "--quantization is for --format ctranslate2 or litert"
+                return "--quantization is for --format ctranslate2, litert, web or hf"
             return f"--format {name} stores float32, {' or '.join(self.quantizations)} weights, not {quantization}"
         return None
 
@@ -89,11 +91,14 @@ FORMATS = {
     "litert": Exporter("LiteRT model", (TRANSLATION, CLASSIFICATION, LANGUAGE_MODEL), "export_litert",
                        quantizations=None, runner_flag="--litert", takes_ops=True),
     "hf": Exporter("Hugging Face checkpoint", (TRANSLATION,), "export_hf", quantizations=("float16", "bfloat16"),
-                   decoding_options=False),
+                   decoding_options=False, try_it="keras-transformer import-hf {path} RUN_DIR, or "
+                   "from_pretrained({path!r}) in transformers"),
+    "web": Exporter("web page", (TRANSLATION, CLASSIFICATION, LANGUAGE_MODEL), "export_web", quantizations=None,
+                    try_it="python -m http.server --directory {path} 8000, then open http://127.0.0.1:8000/"),
 }
 FORMAT_HELP = ("a SavedModel (default), a CTranslate2 model with our tokenizers (translation), one LiteRT file for "
-               "on-device use, or a Hugging Face checkpoint (translation: an imported run as its family, a "
-               "SentencePiece run as Marian)")
+               "on-device use, a Hugging Face checkpoint (translation: an imported run as its family, a "
+               "SentencePiece run as Marian), or a static web page that answers offline (LiteRT.js)")
 
 
 def export(run_dir, out, name="saved_model", **options):
@@ -119,7 +124,6 @@ def export(run_dir, out, name="saved_model", **options):
     lines += module.describe_saved_model(path) if name == "saved_model" else []
     if exporter.runner_flag and task in exporter.runner_tasks:
         lines.append(f"try it:     keras-transformer {_COMMANDS[task]} {exporter.runner_flag} {path} \"...\"")
-    elif not exporter.runner_flag:
-        lines.append(f"try it:     keras-transformer import-hf {path} RUN_DIR, or from_pretrained({path!r}) in "
-                     "transformers")
+    elif exporter.try_it:
+        lines.append("try it:     " + exporter.try_it.format(path=path))
     return lines

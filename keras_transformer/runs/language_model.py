@@ -10,6 +10,7 @@ held back to validate on. Every position predicts the next token; the loss
 and perplexity skip padding.
 """
 
+import functools
 import gzip
 import logging
 import math
@@ -201,14 +202,22 @@ def load_generator(run_dir, temperature=None, top_k=None, top_p=None, max_new_to
     )
 
 
-def export_litert(run_dir, out_dir, quantization=None, ops="text"):
-    """Write the run's generator as a LiteRT file in the new directory `out_dir` (`export.litert`); returns it."""
-    from keras_transformer.export import litert
+def export_litert(run_dir, out_dir, quantization=None, ops="text", web=False):
+    """Write the run's generator as a LiteRT file in the new directory `out_dir` (`export.litert`); returns it.
+
+    `web`: a page around a builtin file, which continues texts offline in a browser (`export.web`).
+    """
+    from keras_transformer.export import litert, web as pages
 
     litert.check_request(out_dir, quantization, ops)  # before the model is loaded
-    held_out = runs.held_out_texts(lambda: load_texts(load_config(run_dir)["data"])["val"])
-    return litert.export_litert(litert.LiteRTGeneration(load_generator(run_dir), ops), out_dir, quantization,
-                                {"text": held_out})
+    held_out = {"text": runs.held_out_texts(lambda: load_texts(load_config(run_dir)["data"])["val"])}
+    service = litert.LiteRTGeneration(load_generator(run_dir), ops, fixed_rows=1 if web else None)
+    if web:
+        return pages.export_web(service, out_dir, quantization, held_out)
+    return litert.export_litert(service, out_dir, quantization, held_out)
+
+
+export_web = functools.partial(export_litert, ops="builtin", web=True)  # `export --format web`
 
 
 def generate(run_dir, prompts, seed=0, temperature=None, top_k=None, top_p=None, max_new_tokens=None):

@@ -13,6 +13,7 @@ their defaults are `options`'.
 
 import dataclasses
 import logging
+import functools
 import os
 import shutil
 import time
@@ -346,9 +347,12 @@ def export_ctranslate2(run_dir, out_dir, quantization=None, beam_size=None, leng
 
 
 def export_litert(run_dir, out_dir, quantization=None, ops="text", beam_size=None, length_alpha=None,
-                  max_output_length=None):
-    """Write the run's translator as a LiteRT file in the new directory `out_dir` (`export.litert`); returns it."""
-    from keras_transformer.export import litert
+                  max_output_length=None, web=False):
+    """Write the run's translator as a LiteRT file in the new directory `out_dir` (`export.litert`); returns it.
+
+    `web`: a page around a builtin file, which answers offline in a browser (`export.web`).
+    """
+    from keras_transformer.export import litert, web as pages
 
     litert.check_request(out_dir, quantization, ops)  # before the model is loaded
     translator = load_translator(
@@ -356,7 +360,12 @@ def export_litert(run_dir, out_dir, quantization=None, ops="text", beam_size=Non
     )
     pairs = runs.held_out_texts(lambda: load_pairs(load_config(run_dir)["data"], ("val",))["val"])
     held_out = {"source": [source for source, _ in pairs], "target": [target for _, target in pairs]}
+    if web:
+        return pages.export_web(litert.LiteRTTranslation(translator, ops, fixed_rows=1), out_dir, quantization, held_out)
     return litert.export_litert(litert.LiteRTTranslation(translator, ops), out_dir, quantization, held_out)
+
+
+export_web = functools.partial(export_litert, ops="builtin", web=True)  # `export --format web`
 
 
 def export_hf(run_dir, out_dir, dtype=None):
@@ -511,20 +520,6 @@ def translate_with_export(path, sentences, batch_size=64):
     return answer_each(sentences, translate_in_batches, "")
 
 
-__all__ = [
-    "build_model",
-    "evaluate",
-    "export",
-    "import_checkpoint",
-    "load_config",
-    "corpus_splits",
-    "load_pairs",
-    "load_translator",
-    "plot_attention",
-    "plot_attention_with_export",
-    "token_shards",
-    "tokenizers",
-    "train",
-    "translate",
-    "translate_with_export",
-]
+__all__ = ["build_model", "evaluate", "export", "export_web", "import_checkpoint", "load_config", "corpus_splits",
+           "load_pairs", "load_translator", "plot_attention", "plot_attention_with_export", "token_shards", "tokenizers",
+           "train", "translate", "translate_with_export"]

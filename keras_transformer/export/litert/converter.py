@@ -51,7 +51,7 @@ def convert(service, quantization=None):
     return int8_lookups(one_copy_of_each_table(model)) if quantization == "int8" else model
 
 
-def export_litert(service, out_dir, quantization=None, held_out_texts=None):
+def export_litert(service, out_dir, quantization=None, held_out_texts=None, beside=None):
     """Write `service` (e.g. `LiteRTTranslation`) into the new directory `out_dir`; returns `out_dir`.
 
     Converted into a temporary directory beside `out_dir` and renamed when
@@ -59,7 +59,8 @@ def export_litert(service, out_dir, quantization=None, held_out_texts=None):
     refused before any work. A builtin file (`service.ops`) gets its
     tokenizers beside it (`device_text`), each checked first on
     `held_out_texts` (`{name: texts}`, by `service.tokenizers()`'s names)
-    and `text.PROBE_SENTENCES`.
+    and `text.PROBE_SENTENCES`. `beside(directory)` writes what else goes
+    into it (a web page's files, `export.web`).
     """
     check_request(out_dir, quantization, service.ops)
     model = convert(service, quantization)
@@ -76,9 +77,12 @@ def export_litert(service, out_dir, quantization=None, held_out_texts=None):
         signatures = service.signatures()
         write_json(os.path.join(partial, SETTINGS_FILE), {
             **service.settings(), "ops": service.ops, **({"tokenizers": tokenizers} if tokenizers else {}),
+            **({"input_rows": service.fixed_rows} if service.fixed_rows else {}),
             "quantization": quantization or "float32", "operators": operators(model),
             "signature": {name: {"inputs": [spec.name for spec in function.structured_input_signature[0]],
                                  "outputs": sorted(function.structured_outputs)}
                           for name, function in signatures.items()},
         })
+        if beside is not None:
+            beside(partial)
     return out_dir

@@ -47,6 +47,19 @@ TARGET_LANGUAGE_ID = tf.TensorSpec([None], tf.int32, name="target_language_id")
 OPS = ("text", "builtin")
 
 
+def id_specs(fixed_rows, width):
+    """A builtin file's inputs: `pieces` and the language ids of any size, or of `fixed_rows` rows of `width` ids.
+
+    LiteRT.js runs a file whose inputs have fixed shapes only (a web page's
+    file, `export.web`); the runner then pads each text's pieces to `width`.
+    """
+    if fixed_rows is None:
+        return PIECES, SOURCE_LANGUAGE_ID, TARGET_LANGUAGE_ID
+    return (tf.TensorSpec([fixed_rows, width], tf.int32, name="pieces"),
+            tf.TensorSpec([fixed_rows], tf.int32, name="source_language_id"),
+            tf.TensorSpec([fixed_rows], tf.int32, name="target_language_id"))
+
+
 def check_ops(ops):
     if ops not in OPS:
         raise ValueError(f"ops must be one of {OPS}, got {ops!r}")
@@ -69,8 +82,8 @@ class LiteRTService:
     module does not track: saving it traces the signatures alone.
     """
 
-    def __init__(self, model, functions, ops="text"):
-        self.ops = ops
+    def __init__(self, model, functions, ops="text", fixed_rows=None):
+        self.ops, self.fixed_rows = ops, fixed_rows
         self.root = tf.Module(name="litert")
         self.root.model_variables = [variable.value for variable in model.variables]
         for name, (function, input_signature) in functions.items():
@@ -96,7 +109,7 @@ class LiteRTTranslation(LiteRTService):
     target_language_id)`.
     """
 
-    def __init__(self, translator, ops="text"):
+    def __init__(self, translator, ops="text", fixed_rows=None):
         check_ops(ops)
         self.translator = translator
         max_length = translator.model.max_length
@@ -106,11 +119,12 @@ class LiteRTTranslation(LiteRTService):
             between = (self.translate_between, [TEXT, SOURCE_LANGUAGE, TARGET_LANGUAGE])
         else:
             self.source = Framing(translator.source_tokenizer, max_length)
-            functions = {"translate": (self.translate_pieces, [PIECES])}
-            between = (self.translate_pieces_between, [PIECES, SOURCE_LANGUAGE_ID, TARGET_LANGUAGE_ID])
+            pieces, source_language, target_language = id_specs(fixed_rows, max_length)
+            functions = {"translate": (self.translate_pieces, [pieces])}
+            between = (self.translate_pieces_between, [pieces, source_language, target_language])
         if translator.languages:
             functions["translate_between"] = between
-        super().__init__(translator.model, functions, ops)
+        super().__init__(translator.model, functions, ops, fixed_rows)
 
     def translate(self, text):
         return self._translation(*self.source.framed_and_truncated(text))
@@ -192,7 +206,7 @@ class LiteRTClassification(LiteRTService):
     "probabilities"}` (the labels are in `litert.json`).
     """
 
-    def __init__(self, model, tokenizer, max_length, labels, ops="text"):
+    def __init__(self, model, tokenizer, max_length, labels, ops="text", fixed_rows=None):
         check_ops(ops)
         self.model, self.tokenizer, self.max_length, self.labels = model, tokenizer, max_length, list(labels)
         self.cls_id = tokenizer.vocab.index("[CLS]")
@@ -201,7 +215,8 @@ class LiteRTClassification(LiteRTService):
             function = self.classify
         else:
             function = self.classify_pieces
-        super().__init__(model, {"classify": (function, [TEXT if ops == "text" else PIECES])}, ops)
+        spec = TEXT if ops == "text" else id_specs(fixed_rows, max_length)[0]
+        super().__init__(model, {"classify": (function, [spec])}, ops, fixed_rows)
 
     def classify(self, text):
         pieces = self.source.pieces(text)
@@ -250,15 +265,15 @@ class LiteRTGeneration(LiteRTService):
     SETTINGS = (("seed", tf.int32), ("temperature", tf.float32), ("top_k", tf.int32), ("top_p", tf.float32),
                 ("max_new_tokens", tf.int32))
 
-    def __init__(self, generator, ops="text"):
+    def __init__(self, generator, ops="text", fixed_rows=None):
         check_ops(ops)
         self.generator = generator
         if ops == "text":
             self.source = LiteRTTokenizer(generator.tokenizer, generator.model.max_length)
         settings = [tf.TensorSpec([], dtype, name=name) for name, dtype in self.SETTINGS]
-        prompts = TEXT if ops == "text" else PIECES
+        prompts = TEXT if ops == "text" else id_specs(fixed_rows, generator.model.max_length)[0]
         super().__init__(generator.model, {"generate_with_defaults": (self.generate_with_defaults, [prompts]),
-                                           "generate": (self.generate, [prompts, *settings])}, ops)
+                                           "generate": (self.generate, [prompts, *settings])}, ops, fixed_rows)
 
     def generate_with_defaults(self, prompts):
         defaults = self.generator.defaults

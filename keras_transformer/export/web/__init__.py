@@ -1,0 +1,102 @@
+"""A run as a static web page that answers offline: `export RUN OUT --format web`.
+
+    OUT/index.html, app.js       the page (`page/`): a text box, and `?text=` for scripts
+    OUT/model.tflite, litert.json, source/, target/ (or text/)
+                                 a builtin LiteRT file (`export.litert`, `ops="builtin"`) and its tokenizers
+    OUT/vendor/                  LiteRT.js (`@litertjs/core`) and Hugging Face's tokenizers port
+
+The page runs the file on LiteRT.js's WebAssembly build, which takes inputs of
+fixed shapes only: the file takes one text at a time (`fixed_rows=1`), its
+pieces padded to the model's length, with the whole search inside, as on a
+phone. The JavaScript packages come from npm when the page is written, as
+`page/package-lock.json` pins them (installed once into a cache,
+`page_packages`); the page fetches nothing from any other site.
+"""
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from keras_transformer.export import litert
+from keras_transformer.saving import first_line
+
+PAGE = Path(__file__).with_name("page")
+# What the page needs of each package: (package, file in it, where it goes under OUT/vendor/). LiteRT.js
+# loads the WebAssembly build the browser can run: with relaxed SIMD, or the compatible one.
+VENDORED = [
+    ("@litertjs/core", "dist/index.js", "litertjs-core/index.js"),
+    *[("@litertjs/core", f"wasm/{name}", f"litertjs-core/wasm/{name}")
+      for name in ("litert_wasm_internal.js", "litert_wasm_internal.wasm", "litert_wasm_compat_internal.js",
+                   "litert_wasm_compat_internal.wasm")],
+    ("@litertjs/wasm-utils", "dist/index.js", "litertjs-wasm-utils/index.js"),
+    ("@huggingface/tokenizers", "dist/tokenizers.min.mjs", "tokenizers/tokenizers.min.mjs"),
+    ("@huggingface/tokenizers", "LICENSE", "tokenizers/LICENSE"),
+]
+
+
+def check_service(service):
+    """A one-line ValueError unless the page can run `service`: a builtin file of fixed rows, WordPiece tokenizers."""
+    if service.ops != "builtin" or not service.fixed_rows:
+        raise ValueError("a web page runs a builtin LiteRT file of fixed rows (LiteRT.js takes no other)")
+    from keras_transformer.text import WordPieceTokenizer
+
+    others = sorted({type(tokenizer).__name__ for tokenizer in service.tokenizers().values()
+                     if not isinstance(tokenizer, WordPieceTokenizer)})
+    if others:
+        raise ValueError(f"--format web runs WordPiece runs for now, not a {others[0]}'s: export --format litert "
+                         "--ops builtin for this run")
+
+
+def page_packages():
+    """The page's npm packages, installed from `page/package-lock.json` once: their `node_modules` directory.
+
+    Kept in `$KERAS_TRANSFORMER_CACHE` (default `~/.cache/keras-transformer`)
+    under the lockfile's digest: a new pin installs afresh. A ValueError of
+    one line where npm is missing or cannot install them.
+    """
+    lockfile = (PAGE / "package-lock.json").read_bytes()
+    cache = Path(os.environ.get("KERAS_TRANSFORMER_CACHE", Path.home() / ".cache" / "keras-transformer"))
+    installed = cache / f"web-{hashlib.sha256(lockfile).hexdigest()[:16]}"
+    if (installed / "node_modules").is_dir():
+        return installed / "node_modules"
+    npm = shutil.which("npm")
+    if npm is None:
+        raise ValueError("--format web takes LiteRT.js from npm once: install Node.js and npm, then export again")
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as partial:
+        for name in ("package.json", "package-lock.json"):
+            shutil.copy(PAGE / name, partial)
+        result = subprocess.run([npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--silent"], cwd=partial,
+                                capture_output=True, text=True, timeout=600)
+        if result.returncode != 0:
+            raise ValueError(f"npm could not install the page's packages: {first_line(result.stderr or result.stdout)}")
+        try:
+            os.rename(partial, installed)  # whole, or not at all (another export may have won the race)
+        except OSError:
+            pass
+        os.makedirs(partial, exist_ok=True)  # for the temporary directory's own cleanup
+    return installed / "node_modules"
+
+
+def export_web(service, out_dir, quantization=None, held_out_texts=None):
+    """Write `service` (a builtin LiteRT service of fixed rows, e.g. `LiteRTTranslation(..., "builtin", 1)`) as a page.
+
+    `out_dir` is new: refused if it exists, written whole or not at all.
+    Returns `out_dir`.
+    """
+    litert.check_request(out_dir, quantization, "builtin")
+    check_service(service)
+    packages = page_packages()  # before the model is converted: a missing npm costs nothing
+
+    def write_page(directory):
+        for name in ("index.html", "app.js"):
+            shutil.copy(PAGE / name, directory)
+        for package, source, target in VENDORED:
+            path = Path(directory) / "vendor" / target
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(packages / package / source, path)
+
+    return litert.export_litert(service, out_dir, quantization, held_out_texts, beside=write_page)
