@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 DEMO_RUN ?= runs/demo
 DEMO_EXPORT ?= exports/demo
 
-.PHONY: install demo test test-prerequisites test-fast test-backends bench clean
+.PHONY: install demo test test-prerequisites test-fast test-backends bench clean web-packages
 
 $(STAMP): setup.py device-requirements.txt
 	test -x $(PYTHON) || python3 -m venv $(VENV)
@@ -59,18 +59,23 @@ ON_JAX := KERAS_BACKEND=jax JAX_PLATFORMS=cpu \
 test-prerequisites:
 	sh scripts/test-prerequisites.sh
 
+# The npm packages `export --format web` puts into a page (LiteRT.js, Hugging Face's tokenizers port),
+# installed once from the lockfile into a cache (keras_transformer/export/web): before any test runs.
+web-packages: $(STAMP)
+	$(PYTHON) -c "from keras_transformer.export.web import page_packages; page_packages()"
+
 # The whole suite, slow end-to-end tests included, then the layer and model
 # tests on JAX (tests/test_backends.py compares the backends' outputs). The JAX
 # part runs even when the TensorFlow part failed, so that one run reports both;
 # make's exit status is non-zero if either failed.
-test: test-prerequisites $(STAMP) $(DEVICE_STAMP)
+test: test-prerequisites $(STAMP) $(DEVICE_STAMP) web-packages
 	failed=""; \
 	$(PYTEST) || failed="the TensorFlow part"; \
 	$(ON_JAX) $(PYTEST) -m "not slow" $(BACKEND_TESTS) || failed="$${failed:+$$failed and }the JAX part"; \
 	if [ -n "$$failed" ]; then echo "make test: $$failed failed" >&2; exit 1; fi
 
 # Everything but the tests marked slow.
-test-fast: test-prerequisites $(STAMP) $(DEVICE_STAMP)
+test-fast: test-prerequisites $(STAMP) $(DEVICE_STAMP) web-packages
 	$(PYTEST) -m "not slow"
 
 # The speed benchmark (BENCHMARKS.md): installs the `bench` extra (keras-hub)
