@@ -1,6 +1,7 @@
 """From a service to a LiteRT file on disk: `convert` (TensorFlow's converter, then `flatbuffer`'s rewrites), `export_litert`."""
 
 import os
+import shutil
 import tempfile
 
 import tensorflow as tf
@@ -16,7 +17,6 @@ from keras_transformer.export.litert.flatbuffer import (
     top_k_sized_when_prepared,
 )
 from keras_transformer.export.litert.signatures import check_ops
-from keras_transformer.export.litert.text import PROBE_SENTENCES
 from keras_transformer.on_device import MODEL_FILE, SETTINGS_FILE  # what the runner reads
 from keras_transformer.saving import directory_written_whole, write_json
 
@@ -63,26 +63,30 @@ def export_litert(service, out_dir, quantization=None, held_out_texts=None, besi
     into it (a web page's files, `export.web`).
     """
     check_request(out_dir, quantization, service.ops)
-    model = convert(service, quantization)
-    with directory_written_whole(out_dir) as partial:
-        with open(os.path.join(partial, MODEL_FILE), "wb") as file:
-            file.write(model)
-        tokenizers = {}
-        if service.ops == "builtin":
-            tokenizers = {name: device_text.write_tokenizer(tokenizer, partial, name)
-                          for name, tokenizer in service.tokenizers().items()}
-            for name, tokenizer in service.tokenizers().items():
-                texts = list((held_out_texts or {}).get(name, ())) + PROBE_SENTENCES
-                device_text.check_tokenizer(tokenizer, partial, tokenizers[name], texts, name)
-        signatures = service.signatures()
-        write_json(os.path.join(partial, SETTINGS_FILE), {
-            **service.settings(), "ops": service.ops, **({"tokenizers": tokenizers} if tokenizers else {}),
-            **({"input_rows": service.fixed_rows} if service.fixed_rows else {}),
-            "quantization": quantization or "float32", "operators": operators(model),
-            "signature": {name: {"inputs": [spec.name for spec in function.structured_input_signature[0]],
-                                 "outputs": sorted(function.structured_outputs)}
-                          for name, function in signatures.items()},
-        })
-        if beside is not None:
-            beside(partial)
+    with tempfile.TemporaryDirectory() as checked:
+        # A host tokenizer that reads otherwise refuses the export before the (long) conversion.
+        tokenizers = (device_text.write_checked_tokenizers(service.tokenizers(), checked, held_out_texts or {})
+                      if service.ops == "builtin" else {})
+        model = convert(service, quantization)
+        with directory_written_whole(out_dir) as partial:
+            _write_litert(service, partial, model, quantization, tokenizers, checked)
+            if beside is not None:
+                beside(partial)
     return out_dir
+
+
+def _write_litert(service, directory, model, quantization, tokenizers, tokenizers_dir):
+    """The file, its tokenizers (from `tokenizers_dir`) and `litert.json`, into `directory`."""
+    with open(os.path.join(directory, MODEL_FILE), "wb") as file:
+        file.write(model)
+    for name in tokenizers:
+        shutil.copytree(os.path.join(tokenizers_dir, name), os.path.join(directory, name))
+    signatures = service.signatures()
+    write_json(os.path.join(directory, SETTINGS_FILE), {
+        **service.settings(), "ops": service.ops, **({"tokenizers": tokenizers} if tokenizers else {}),
+        **({"input_rows": service.fixed_rows} if service.fixed_rows else {}),
+        "quantization": quantization or "float32", "operators": operators(model),
+        "signature": {name: {"inputs": [spec.name for spec in function.structured_input_signature[0]],
+                             "outputs": sorted(function.structured_outputs)}
+                      for name, function in signatures.items()},
+    })

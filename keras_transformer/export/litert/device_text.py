@@ -15,11 +15,25 @@ import os
 import tensorflow as tf
 
 from keras_transformer import device_tokenizers
+from keras_transformer.export.litert.text import PROBE_SENTENCES
 from keras_transformer.saving import write_json
 from keras_transformer.text import SentencePieceTokenizer, WordPieceTokenizer
 
 # How many differing sentences a refusal quotes.
 _QUOTED = 3
+
+
+def write_checked_tokenizers(tokenizers, export_dir, held_out_texts):
+    """Write each of `tokenizers` (`{name: tokenizer}`) into `export_dir/name` and check it; their `litert.json` entries.
+
+    Each is checked on its `held_out_texts[name]` and `PROBE_SENTENCES`:
+    a one-line ValueError where its host library reads one otherwise.
+    """
+    written = {name: write_tokenizer(tokenizer, export_dir, name) for name, tokenizer in tokenizers.items()}
+    for name, tokenizer in tokenizers.items():
+        texts = list(held_out_texts.get(name, ())) + PROBE_SENTENCES
+        check_tokenizer(tokenizer, export_dir, written[name], texts, name)
+    return written
 
 
 def write_tokenizer(tokenizer, export_dir, name):
