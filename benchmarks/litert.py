@@ -1,6 +1,6 @@
 """On-device translation: the LiteRT file against our SavedModel and CTranslate2, text in and text out.
 
-    python benchmarks/litert.py RUN_DIR [--sentences 128] [--threads 2] [--roads litert_int8]
+    python benchmarks/litert.py RUN_DIR [--sentences 128] [--threads 1,2] [--roads litert_int8,ctranslate2_host]
     python benchmarks/litert.py --opus-mt-base [--sentences 32] [--rounds 3]
     python benchmarks/litert.py --bpe-tokenizer [--vocab-size 32000]
 
@@ -17,7 +17,12 @@ The builtin LiteRT files (`litert_builtin_*`, `--ops builtin`: the host's
 tokenizer libraries around a file of builtin operators) run as a device
 runs them: in `.venv-device`'s Python (no TensorFlow; `make test` builds
 it), where there is one. `--roads` keeps the roads whose names start with
-one of its comma-separated prefixes.
+one of its comma-separated prefixes. The `ctranslate2_int8` roads tokenize
+with our TensorFlow tokenizers (`translate --ctranslate2`); the
+`ctranslate2_host` roads as CTranslate2's users do, with the `sentencepiece`
+or `tokenizers` library and no TensorFlow (`ctranslate2_host.py`).
+`--threads 1,2` runs every road at each count and keeps, for each batch
+size, its best (`threads_b1`, `threads_b32` say which).
 `--rounds N` runs every road's process N times, the roads in turn and every
 other round in reverse order, and prints each figure's median, with the
 rates of every round (`batch1_rounds`, `batch32_rounds`): a machine that
@@ -66,6 +71,11 @@ if road.startswith("litert"):
     from keras_transformer.on_device import LiteRTModel
     model = LiteRTModel(path, num_threads=threads)
     translate = model.translate
+elif road.startswith("ctranslate2_host"):  # as its users run it: the host's tokenizer library, no TensorFlow
+    from ctranslate2_host import HostTokenizedCTranslate2  # benchmarks/, the process's working directory
+    model = HostTokenizedCTranslate2(*path.split("|"), threads=threads)
+    beam = 4 if road.endswith("beam4") else 1
+    translate = lambda batch, batch_size=32: model.translate(batch, beam_size=beam)
 elif road.startswith("ctranslate2"):
     from keras_transformer.export.ctranslate2 import CTranslate2Translator
     model = CTranslate2Translator(path, threads=threads)
@@ -207,7 +217,9 @@ def main():
     parser.add_argument("run_dir", nargs="?")
     parser.add_argument("--opus-mt-base", action="store_true", help="an imported checkpoint of OPUS-MT-base's shape")
     parser.add_argument("--sentences", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", default="2",
+                        help="each road's thread counts, comma-separated: with more than one, each figure is the road's "
+                        "best, with the count it took (`threads_b1`, `threads_b32`)")
     parser.add_argument("--rounds", type=int, default=1, help="each road's process this many times, in turn")
     parser.add_argument("--max-output-length", type=int, default=None)
     parser.add_argument("--roads", default="", help="comma-separated prefixes of the roads to run (default: all)")
@@ -240,16 +252,14 @@ def main():
             file.write("\n".join(source for source, _ in pairs))
         roads = _exported_roads(arguments, directory, [prefix for prefix in arguments.roads.split(",") if prefix])
         references = [target for _, target in pairs]
-        runs = {road: [] for road in roads}
+        thread_counts = [int(count) for count in arguments.threads.split(",")]
+        runs = {(road, threads): [] for road in roads for threads in thread_counts}
         for round_index in range(arguments.rounds):
-            for road in list(roads) if round_index % 2 == 0 else list(roads)[::-1]:
-                python = DEVICE_PYTHON if road.startswith("litert_builtin") and os.path.exists(DEVICE_PYTHON) \
-                    else sys.executable
-                result = subprocess.run([python, "-c", _ROAD, road, roads[road], str(arguments.threads),
-                                         sentences_file], capture_output=True, text=True, check=True)
-                runs[road].append(json.loads(result.stdout.splitlines()[-1]))
+            for road, threads in list(runs) if round_index % 2 == 0 else list(runs)[::-1]:
+                runs[road, threads].append(_run_road(road, roads[road], threads, sentences_file))
         for road, path in roads.items():
-            row = _median_row(runs[road])
+            row = _best_row({threads: _median_row(runs[road, threads]) for threads in thread_counts})
+            path = path.split("|")[0]
             translations = row.pop("translations")
             size_path = os.path.join(path, "model.tflite") if road.startswith("litert") else path
             if road.startswith("saved_model"):
@@ -280,11 +290,38 @@ def _exported_roads(arguments, directory, prefixes):
                 path = os.path.join(directory, road)
                 translation.export_litert(arguments.run_dir, path, quantization=quantization, ops=ops, **limits)
                 roads[road] = path
-    if wanted("ctranslate2"):
+    if wanted("ctranslate2_int8") or wanted("ctranslate2_host"):
         ct2 = translation.export_ctranslate2(arguments.run_dir, os.path.join(directory, "ct2"), quantization="int8",
                                              max_output_length=arguments.max_output_length)
+    if wanted("ctranslate2_int8"):
         roads["ctranslate2_int8_beam1"] = roads["ctranslate2_int8_beam4"] = ct2
+    if wanted("ctranslate2_host"):  # the host's tokenizer files: a builtin export's
+        tokenizers = roads.get("litert_builtin_int8_beam1") or translation.export_litert(
+            arguments.run_dir, os.path.join(directory, "tokenizers"), ops="builtin", quantization="int8",
+            max_output_length=arguments.max_output_length)
+        for beam in (1, 4):
+            roads[f"ctranslate2_host_int8_beam{beam}"] = f"{ct2}|{tokenizers}"
     return roads
+
+
+def _run_road(road, path, threads, sentences_file):
+    """One road's process: its JSON row. A builtin file runs in a device's Python (no TensorFlow), where there is one."""
+    python = DEVICE_PYTHON if road.startswith("litert_builtin") and os.path.exists(DEVICE_PYTHON) else sys.executable
+    result = subprocess.run([python, "-c", _ROAD, road, path, str(threads), sentences_file], capture_output=True,
+                            text=True, check=True, cwd=HERE)
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def _best_row(rows_by_threads):
+    """One road's row from its rows at each thread count: each rate the best, with the count that gave it."""
+    if len(rows_by_threads) == 1:
+        return next(iter(rows_by_threads.values()))
+    row = dict(rows_by_threads[min(rows_by_threads)])
+    for rate in ("batch1", "batch32"):
+        threads = max(rows_by_threads, key=lambda count: rows_by_threads[count][rate])
+        row[rate], row[f"threads_{rate.replace('batch', 'b')}"] = rows_by_threads[threads][rate], threads
+        row[f"{rate}_by_threads"] = {count: rows_by_threads[count][rate] for count in rows_by_threads}
+    return row
 
 
 def _median_row(rows):
