@@ -72,6 +72,7 @@ if road.startswith("litert"):
     model = LiteRTModel(path, num_threads=threads)
     translate = model.translate
 elif road.startswith("ctranslate2_host"):  # as its users run it: the host's tokenizer library, no TensorFlow
+    sys.argv = ["keras-transformer"]  # the package then loads no Keras (and so no TensorFlow)
     from ctranslate2_host import HostTokenizedCTranslate2  # benchmarks/, the process's working directory
     model = HostTokenizedCTranslate2(*path.split("|"), threads=threads)
     beam = 4 if road.endswith("beam4") else 1
