@@ -27,10 +27,8 @@ class HostTokenizedCTranslate2:
             recorded = json.load(file)["tokenizers"]
         self.source = device_tokenizers.load(tokenizers_dir, recorded["source"])
         self.target = device_tokenizers.load(tokenizers_dir, recorded["target"])
-        with open(os.path.join(ct2_dir, "target_vocabulary.json"), encoding="utf-8") as file:
-            self.target_ids = {token: index for index, token in enumerate(json.load(file))}
-        with open(os.path.join(ct2_dir, "source_vocabulary.json"), encoding="utf-8") as file:
-            self.source_tokens = json.load(file)
+        self.source_tokens = _vocabulary(ct2_dir, "source")
+        self.target_ids = {token: index for index, token in enumerate(_vocabulary(ct2_dir, "target"))}
         if isinstance(self.source, device_tokenizers.SentencePieceOnDevice):  # as `SentencePieceTokenizer` frames
             framing = self.source.settings
             self.leading = [framing["start_token"]] if framing.get("start_token") else []
@@ -48,7 +46,8 @@ class HostTokenizedCTranslate2:
         for pieces in self.source.pieces(texts):
             tokens = self.leading + [self.source_tokens[index] for index in pieces] + [self.end]
             sources.append(tokens[: longest - 1] + tokens[-1:] if len(tokens) > longest else tokens)
-        limits = [min(len(source) + settings["max_extra_length"], settings["max_output_length"]) for source in sources]
+        limits = [min(len(source) + settings["max_extra_length"], settings["max_output_length"])
+                  - bool(settings.get("end_at_limit")) for source in sources]  # a forced [END] at the limit: one less
         groups = {max(limits): list(range(len(sources)))} if beam_size == 1 else {}
         for index, limit in enumerate(limits if beam_size > 1 else []):
             groups.setdefault(limit, []).append(index)
@@ -62,3 +61,12 @@ class HostTokenizedCTranslate2:
             for index, result in zip(indices, results):
                 hypotheses[index] = result.hypotheses[0][: limits[index]]
         return [self.target.text([self.target_ids[token] for token in hypothesis]) for hypothesis in hypotheses]
+
+
+def _vocabulary(ct2_dir, side):
+    """A side's tokens in id order: its own file, or the one both sides share (a shared Marian vocabulary)."""
+    for name in (f"{side}_vocabulary.json", "shared_vocabulary.json"):
+        if os.path.exists(os.path.join(ct2_dir, name)):
+            with open(os.path.join(ct2_dir, name), encoding="utf-8") as file:
+                return json.load(file)
+    raise FileNotFoundError(f"{ct2_dir} has no {side} vocabulary")
