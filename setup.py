@@ -15,8 +15,10 @@ setup(
     long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["keras_transformer", "keras_transformer.*"]),
-    # The attention explorer's page, served by the TensorBoard plugin and inlined by `plot-attention --html`.
-    package_data={"keras_transformer.tensorboard_plugin": ["static/*.js", "static/*.css"]},
+    # The attention explorer's page, served by the TensorBoard plugin and inlined by `plot-attention --html`;
+    # the web page `export --format web` writes, and the npm packages it pins.
+    package_data={"keras_transformer.tensorboard_plugin": ["static/*.js", "static/*.css"],
+                  "keras_transformer.export.web": ["page/*"]},
     python_requires=">=3.10",
     install_requires=[
         "tensorflow~=2.21.0",
