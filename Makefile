@@ -62,7 +62,7 @@ test-prerequisites:
 # The npm packages `export --format web` puts into a page (LiteRT.js, Hugging Face's tokenizers port),
 # installed once from the lockfile into a cache (keras_transformer/export/web): before any test runs.
 web-packages: $(STAMP)
-	$(PYTHON) -c "from keras_transformer.export.web import page_packages; page_packages()"
+	TF_CPP_MIN_LOG_LEVEL=3 $(PYTHON) -m keras_transformer.export.web
 
 # The whole suite, slow end-to-end tests included, then the layer and model
 # tests on JAX (tests/test_backends.py compares the backends' outputs). The JAX
@@ -75,7 +75,7 @@ test: test-prerequisites $(STAMP) $(DEVICE_STAMP) web-packages
 	if [ -n "$$failed" ]; then echo "make test: $$failed failed" >&2; exit 1; fi
 
 # Everything but the tests marked slow.
-test-fast: test-prerequisites $(STAMP) $(DEVICE_STAMP) web-packages
+test-fast: test-prerequisites $(STAMP)
 	$(PYTEST) -m "not slow"
 
 # The speed benchmark (BENCHMARKS.md): installs the `bench` extra (keras-hub)

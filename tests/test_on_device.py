@@ -25,7 +25,8 @@ DEVICE = Path(os.environ.get("KERAS_TRANSFORMER_DEVICE_VENV", ROOT / ".venv-devi
 SENTENCES = [source for source, _ in demo_corpus()["val"][40:100]] + [
     "", "The dog, the cat (and the bird) sleep!", "Tōkyō 東京 2024 🙂 café", "the " * 120, "A DOG's T-shirt [sic]",
 ]
-PROMPTS = ["A dog", "The young cat sees", "", "Today"]
+# A language model continues a prompt from its last pieces: the last one is longer than the model reads.
+PROMPTS = ["A dog", "The young cat sees", "", "Today", " ".join(source for source, _ in demo_corpus()["val"][:6])]
 
 
 def on_the_device(script, *arguments, input=None):

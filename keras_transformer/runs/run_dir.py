@@ -363,13 +363,13 @@ HELD_OUT_TEXTS = 1000
 def held_out_texts(read):
     """`read()`'s texts (the first `HELD_OUT_TEXTS`), or none where the run's data cannot be read.
 
-    An imported checkpoint has no data of its own, and a run's corpus may
-    have moved since it trained: its export is then checked on the probe
-    sentences alone (`export.litert.export_litert`).
+    A run's corpus may have moved since it trained: its export is then
+    checked on the probe sentences alone (`export.litert.export_litert`),
+    as an imported checkpoint's is (the caller reads none for it).
     """
     try:
         return list(read())[:HELD_OUT_TEXTS]
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, RuntimeError):
         return []
 INFERENCE_PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 

@@ -358,7 +358,8 @@ def export_litert(run_dir, out_dir, quantization=None, ops="text", beam_size=Non
     translator = load_translator(
         run_dir, beam_size=beam_size, length_alpha=length_alpha, max_output_length=max_output_length
     )
-    pairs = runs.held_out_texts(lambda: load_pairs(load_config(run_dir)["data"], ("val",))["val"])
+    config = load_config(run_dir)  # an imported checkpoint has no data of its own: probe sentences alone
+    pairs = [] if config.get("pretrained") else runs.held_out_texts(lambda: load_pairs(config["data"], ("val",))["val"])
     held_out = {"source": [source for source, _ in pairs], "target": [target for _, target in pairs]}
     if web:
         return pages.export_web(litert.LiteRTTranslation(translator, ops, fixed_rows=1), out_dir, quantization, held_out)

@@ -1,18 +1,22 @@
-"""A run as one LiteRT file: on-device translation, classification and generation, text in and text out.
+"""A run as one LiteRT file: on-device translation, classification and generation.
 
 LiteRT (formerly TensorFlow Lite) is TensorFlow's runtime for phones,
 browsers and small machines. `export_litert` writes a run into a new
-directory:
+directory, in one of two forms (`signatures.OPS`):
 
-    OUT/model.tflite     the tokenizer, the model, the search and the detokenizer
-    OUT/litert.json      what the file holds (its kind, signature, settings, operators)
+    OUT/model.tflite     text file: the tokenizer, the model, the search and the detokenizer;
+                         builtin file: the framing, the model and the search (ids in, ids out)
+    OUT/litert.json      what the file holds (its kind, ops, signature, settings, operators)
+    OUT/source/, target/ (or text/): a builtin file's tokenizers, in their host libraries'
+                         formats (`device_text`, read by `keras_transformer.device_tokenizers`)
 
-The file runs on LiteRT's builtin operators plus the tensorflow-text kernels
-that `tensorflow_text.tflite_registrar` registers (the WordPiece and
-SentencePiece tokenizers, splitting strings into bytes, joining strings):
-no TensorFlow ("Flex")
-operator, so the plain mobile runtime runs it. `check_operators` reads the
-file's operator table and refuses anything else before OUT is written.
+A text file runs on LiteRT's builtin operators plus the tensorflow-text
+kernels that `tensorflow_text.tflite_registrar` registers (the WordPiece and
+SentencePiece tokenizers, splitting strings into bytes, joining strings); a
+builtin file on LiteRT's builtin operators alone, so stock LiteRT runs it
+with no TensorFlow on the device. Neither holds a TensorFlow ("Flex")
+operator. `check_operators` reads the file's operator table and refuses
+anything its form may not hold before OUT is written.
 
 What changes on the way from the SavedModel (`export.translator`):
 

@@ -59,12 +59,12 @@ def check_tokenizer(tokenizer, export_dir, recorded, texts, side):
     """
     device = device_tokenizers.load(export_dir, recorded)
     texts = list(texts)
-    ours = [row for row in tokenizer.tokenize(tf.constant(texts, tf.string), add_start_end=False).to_list()]
-    theirs = device.pieces(texts)
-    differ = [text for text, expected, got in zip(texts, ours, theirs) if expected != got]
+    ours = tokenizer.tokenize(tf.constant(texts, tf.string), add_start_end=False).to_list()
     written = [value.decode("utf-8") for value in tokenizer.detokenize(tf.ragged.constant(ours, tf.int32,
                                                                                            ragged_rank=1)).numpy()]
-    differ += [text for text, row, expected in zip(texts, ours, written) if device.text(row) != expected]
+    # A sentence differs where the library's ids differ, or its text of the run's ids does.
+    differ = [text for text, ids, host_ids, expected in zip(texts, ours, device.pieces(texts), written)
+              if host_ids != ids or device.text(ids) != expected]
     if differ:
         quoted = "; ".join(repr(text[:60]) for text in differ[:_QUOTED])
         raise ValueError(f"the {side} tokenizer's host library reads {len(differ)} of {len(texts)} held-out "

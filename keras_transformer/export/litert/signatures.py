@@ -4,7 +4,10 @@
 `LiteRTClassification` (`text` -> `label`, `label_id`, `probabilities`) and
 `LiteRTGeneration` (`text` -> `text`, `continuation`, `new_tokens`; and
 `generate` with sampling settings), each a `LiteRTService` that
-`converter.export_litert` converts.
+`converter.export_litert` converts. With `ops="builtin"` each takes its
+texts' `pieces` (int32, as the host's tokenizer numbers them) and answers
+ids (`tokens`, `label_id`), the tokenizers beside the file
+(`device_text`).
 """
 
 import tensorflow as tf
@@ -259,7 +262,7 @@ class LiteRTGeneration(LiteRTService):
     temperature is greedy, `max_new_tokens` at most what the model has room
     for); `keras_transformer.on_device` refuses them first. With
     `ops="builtin"`, `pieces` in place of `text`, and the outputs `tokens`
-    (`(batch, max_length)`, [START] first, 0 after) and `lengths`.
+    (`(batch, max_length)`, [START] first, 0 after), `lengths` and `new_tokens`.
     """
 
     SETTINGS = (("seed", tf.int32), ("temperature", tf.float32), ("top_k", tf.int32), ("top_p", tf.float32),

@@ -69,16 +69,33 @@ def page_packages():
     with tempfile.TemporaryDirectory(dir=cache) as partial:
         for name in ("package.json", "package-lock.json"):
             shutil.copy(PAGE / name, partial)
-        result = subprocess.run([npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--silent"], cwd=partial,
-                                capture_output=True, text=True, timeout=600)
+        try:
+            result = subprocess.run([npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--silent"],
+                                    cwd=partial, capture_output=True, text=True, timeout=600)
+        except subprocess.TimeoutExpired:
+            raise ValueError("npm could not install the page's packages in 10 minutes: is the npm registry "
+                             "reachable?") from None
         if result.returncode != 0:
             raise ValueError(f"npm could not install the page's packages: {first_line(result.stderr or result.stdout)}")
+        shutil.rmtree(installed, ignore_errors=True)  # a cache left without its node_modules
         try:
             os.rename(partial, installed)  # whole, or not at all (another export may have won the race)
         except OSError:
             pass
         os.makedirs(partial, exist_ok=True)  # for the temporary directory's own cleanup
+    if not (installed / "node_modules").is_dir():
+        raise ValueError(f"npm installed the page's packages, yet {installed / 'node_modules'} is missing")
     return installed / "node_modules"
+
+
+def main():
+    """`python -m keras_transformer.export.web`: install the page's packages now (`make test` does), or one line why not."""
+    import sys
+
+    try:
+        print(f"the web page's npm packages: {page_packages()}")
+    except ValueError as error:
+        sys.exit(f"make: {error}")
 
 
 def export_web(service, out_dir, quantization=None, held_out_texts=None):
