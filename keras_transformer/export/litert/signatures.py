@@ -79,18 +79,20 @@ def first_columns(pieces, width):
 
 
 class LiteRTService:
-    """What `export_litert` converts: `root`, a `tf.Module` holding the model's variables and the signatures.
+    """What `export_litert` converts: the signatures, and `root`, a `tf.Module` holding the model's variables.
 
     The signatures close over the Python objects they call, which the
-    module does not track: saving it traces the signatures alone.
+    module does not track. They are not the module's methods either: a
+    method is traced again when the module is saved (in the saving
+    context), and the converter reads the signatures alone.
     """
 
     def __init__(self, model, functions, ops="text", fixed_rows=None):
         self.ops, self.fixed_rows = ops, fixed_rows
         self.root = tf.Module(name="litert")
         self.root.model_variables = [variable.value for variable in model.variables]
-        for name, (function, input_signature) in functions.items():
-            setattr(self.root, name, tf.function(function, input_signature=input_signature))
+        self.functions = {name: tf.function(function, input_signature=input_signature)
+                          for name, (function, input_signature) in functions.items()}
         self.names = list(functions)
 
     def signature_keys(self):
@@ -98,7 +100,7 @@ class LiteRTService:
         return ["serving_default"] + list(self.names[1:])
 
     def signatures(self):
-        functions = [getattr(self.root, name).get_concrete_function() for name in self.names]
+        functions = [self.functions[name].get_concrete_function() for name in self.names]
         return dict(zip(self.signature_keys(), functions))
 
 
