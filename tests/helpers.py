@@ -50,6 +50,10 @@ def cli_here(*arguments, input=None, check=True):
     stdout, stderr = io.StringIO(), io.StringIO()
     handler = logging.StreamHandler(stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
+    # TensorFlow warns when a Python function has been traced on most of its last calls, counting
+    # every call in the process: here, the tests' before the command's. The command in a process of
+    # its own never sees that history.
+    handler.addFilter(lambda record: "triggered tf.function retracing" not in record.getMessage())
     root = logging.getLogger()
     saved_level, saved_stdin = root.level, sys.stdin
     root.addHandler(handler)

@@ -77,7 +77,7 @@ class ClassificationService:
         return {"serving_default": self.serve.get_concrete_function()}
 
     def saveable(self):
-        """The object to hand to `tf.saved_model.save`: the function and the model's `tf.Variable`s.
+        """The object to hand to `tf.saved_model.save` beside `signatures()`: the model's `tf.Variable`s.
 
         The variables inside the Keras variables, not the Keras wrappers, as
         for the translator (see `TranslationService.saveable`): saving the
@@ -86,7 +86,6 @@ class ClassificationService:
         """
         root = tf.Module(name="classification_service")
         root.model_variables = [variable.value for variable in self.model.variables]
-        root.serve = self.serve
         return root
 
 

@@ -89,15 +89,13 @@ class GenerationService:
         return {"serving_default": self.serve.get_concrete_function(), "generate": self.generate.get_concrete_function()}
 
     def saveable(self):
-        """The object to hand to `tf.saved_model.save`: the functions and the model's `tf.Variable`s.
+        """The object to hand to `tf.saved_model.save` beside `signatures()`: the model's `tf.Variable`s.
 
         The variables inside the Keras variables, as for the translator (see
         `TranslationService.saveable`).
         """
         root = tf.Module(name="generation_service")
         root.model_variables = [variable.value for variable in self.generator.model.variables]
-        root.serve = self.serve
-        root.generate = self.generate
         return root
 
 

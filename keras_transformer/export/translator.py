@@ -129,25 +129,22 @@ class TranslationService:
         }
 
     def saveable(self):
-        """The object to hand to `tf.saved_model.save`: the functions and the model's variables.
+        """The object to hand to `tf.saved_model.save` beside `signatures()`: what the signatures read.
 
         The functions read the `tf.Variable`s inside the Keras variables, so
         those are what must be saved. Saving the Keras wrappers instead makes
         the export save a copy of each variable under another name, and a
         session-based loader (`saved_model_cli run`, TensorFlow Serving)
         restores the copies while the functions read the uninitialised
-        originals.
+        originals. The functions are not the object's methods: a loader
+        calls the signatures, and a method would be traced again (in the
+        saving context) and saved twice.
         """
         root = tf.Module(name="translation_service")
         root.model_variables = [variable.value for variable in self.translator.model.variables]
         # A checkpoint's SentencePiece tokenizers hold resources (the model, the piece table) that the
         # export must carry; our WordPiece tokenizers hold constants only.
         root.tokenizers = [self.translator.source_tokenizer, self.translator.target_tokenizer]
-        root.serve = self.serve
-        root.translate_with_attention = self.translate_with_attention
-        root.score_tokens = self.score_tokens
-        if self.translator.languages:
-            root.translate_between = self.translate_between
         return root
 
 
