@@ -16,8 +16,9 @@ from keras_transformer.export.litert.cache import write_along
 from keras_transformer.export.litert.decoding import LiteRTDecoding
 from keras_transformer.export.litert.text import Framing, LiteRTTokenizer
 from keras_transformer.inference.generator import framed_padded_prompts, framed_prompts
-from keras_transformer.inference.search import beam_rows_per_source
 from keras_transformer.inference.sampling import SamplingSettings
+from keras_transformer.inference.search import beam_rows_per_source
+from keras_transformer.inference.tracing import graph_function
 from keras_transformer.layers.cached_attention import KeyValueCache
 from keras_transformer.on_device import DEFAULT_BATCH_SIZE  # what the runner gives the file at once
 from keras_transformer.text.portable import dense_rows
@@ -91,7 +92,7 @@ class LiteRTService:
         self.ops, self.fixed_rows = ops, fixed_rows
         self.root = tf.Module(name="litert")
         self.root.model_variables = [variable.value for variable in model.variables]
-        self.functions = {name: tf.function(function, input_signature=input_signature)
+        self.functions = {name: graph_function(function, input_signature=input_signature)
                           for name, (function, input_signature) in functions.items()}
         self.names = list(functions)
 
