@@ -173,6 +173,7 @@ def trained_bfloat16_demo_run(tmp_path_factory):
             "train", "--dataset", "demo", "--out", directory / "demo-bf16", "--epochs", 1, "--steps-per-epoch", 100,
             "--warmup-steps", 60, "--limit-train", 3000, "--limit-val", 20, "--num-layers", 2, "--d-model", 64,
             "--num-heads", 2, "--d-ff", 128, "--attention-samples", 0, "--precision", "mixed_bfloat16",
+            "--no-evaluate",  # its tests translate it themselves
         )
         return None
 

@@ -39,6 +39,17 @@ def backup_state(run):
     return json.loads(state.read_text()) if state.exists() else None
 
 
+FINISHED_RUN = [*SMALL_RUN, "--epochs", 4, "--keep-checkpoints", 3]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """SMALL_RUN trained for 4 epochs in this process, keeping its last 3 epochs' checkpoints: read only."""
+    run = tmp_path_factory.mktemp("finished") / "run"
+    cli_here("train", *FINISHED_RUN, "--out", run)
+    return run
+
+
 def wait_for_backup(process, run, condition, timeout=300):
     deadline = time.time() + timeout
     while time.time() < deadline and process.poll() is None:
@@ -50,13 +61,10 @@ def wait_for_backup(process, run, condition, timeout=300):
 
 
 @pytest.mark.slow
-def test_a_run_killed_or_stopped_mid_epoch_resumes_exactly_as_if_never_stopped(tmp_path):
-    # The uninterrupted run in this process; the killed and stopped ones in processes of their own.
-    uninterrupted = tmp_path / "uninterrupted"
-    cli_here("train", *SMALL_RUN, "--epochs", 3, "--out", uninterrupted)
-
+def test_a_run_killed_or_stopped_mid_epoch_resumes_exactly_as_if_never_stopped(finished_run, tmp_path):
+    # The uninterrupted run trained in this process; the killed and stopped ones in processes of their own.
     run = tmp_path / "killed"
-    arguments = CLI + [str(a) for a in ("train", *SMALL_RUN, "--epochs", 3, "--out", run, "--save-every-steps", 3)]
+    arguments = CLI + [str(a) for a in ("train", *FINISHED_RUN, "--out", run, "--save-every-steps", 3)]
     # kill -9 in the middle of the second epoch, after a backup written there.
     process = subprocess.Popen(arguments, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
     killed_at = wait_for_backup(process, run, lambda state: state["epoch"] == 1 and state["batches_done"] > 0)
@@ -81,27 +89,27 @@ def test_a_run_killed_or_stopped_mid_epoch_resumes_exactly_as_if_never_stopped(t
     assert stopped_at["batches_done"] > 0 and not (run / "model.keras").exists()
 
     resumed = cli_here(*arguments[len(CLI):])
-    assert f"Epoch {stopped_at['epoch'] + 1}/3" in resumed.stdout and "Epoch 1/3" not in resumed.stdout
+    assert f"Epoch {stopped_at['epoch'] + 1}/4" in resumed.stdout and "Epoch 1/4" not in resumed.stdout
     # Same batches in the same order, same dropout, the epoch's metrics carried over: every
     # figure of every epoch is the same.
-    assert history(run) == history(uninterrupted)
+    assert history(run) == history(finished_run)
     assert (run / "model.keras").exists()
     assert [name for name in os.listdir(run / "backup") if name.endswith(".h5")] == [backup_state(run)["weights"]]
 
 
 @pytest.mark.slow
-def test_reruns_follow_the_rules_and_never_replace_a_better_checkpoint(tmp_path):
+def test_reruns_follow_the_rules_and_never_replace_a_better_checkpoint(finished_run, tmp_path):
     run = tmp_path / "run"
-    cli_here("train", *SMALL_RUN, "--epochs", 2, "--out", run)
+    shutil.copytree(finished_run, run)
     finished = {name: (run / name).read_bytes() for name in ("model.keras", "history.csv", "checkpoints/best.weights.h5")}
 
     # A finished run is not trained again.
-    again = cli_here("train", *SMALL_RUN, "--epochs", 2, "--out", run)
-    assert "has finished its 2 epoch(s): nothing to train" in again.stdout
+    again = cli_here("train", *FINISHED_RUN, "--out", run)
+    assert "has finished its 4 epoch(s): nothing to train" in again.stdout
     assert {name: (run / name).read_bytes() for name in finished} == finished
 
     # Other settings are refused, naming them; nothing is touched.
-    changed = cli_here("train", *SMALL_RUN, "--epochs", 2, "--d-model", 64, "--out", run, check=False)
+    changed = cli_here("train", *FINISHED_RUN, "--d-model", 64, "--out", run, check=False)
     assert changed.returncode == 2
     (line,) = [line for line in changed.stderr.splitlines() if line.startswith("keras-transformer:")]
     assert "model.d_model: 32 saved, 64 given" in line and "--overwrite" in line
@@ -116,9 +124,9 @@ def test_reruns_follow_the_rules_and_never_replace_a_better_checkpoint(tmp_path)
         writer = csv.DictWriter(file, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    longer = cli_here("train", *SMALL_RUN, "--epochs", 3, "--out", run)
-    assert "Epoch 3/3" in longer.stdout and "Epoch 2/3" not in longer.stdout
-    assert [row["epoch"] for row in history(run)] == ["0", "1", "2"]
+    longer = cli_here("train", *FINISHED_RUN, "--epochs", 5, "--out", run)
+    assert "Epoch 5/5" in longer.stdout and "Epoch 4/5" not in longer.stdout
+    assert [row["epoch"] for row in history(run)] == ["0", "1", "2", "3", "4"]
     assert (run / "checkpoints/best.weights.h5").read_bytes() == finished["checkpoints/best.weights.h5"]
 
     # --overwrite starts over, and leaves the user's own files alone.
@@ -293,12 +301,11 @@ def test_the_console_command_prints_one_line_for_a_damaged_model(trained, tmp_pa
 
 
 @pytest.mark.slow
-def test_averaged_checkpoints_make_a_new_run_that_holds_their_mean(tmp_path):
+def test_averaged_checkpoints_make_a_new_run_that_holds_their_mean(finished_run, tmp_path):
     import h5py
     import numpy as np
 
-    run = tmp_path / "run"
-    cli_here("train", *SMALL_RUN, "--epochs", 4, "--keep-checkpoints", 3, "--out", run)
+    run = finished_run
     kept = sorted(path.name for path in (run / "checkpoints").glob("epoch-*"))
     assert kept == ["epoch-002.weights.h5", "epoch-003.weights.h5", "epoch-004.weights.h5"]
     model_bytes = (run / "model.keras").read_bytes()
