@@ -19,7 +19,7 @@ import pytest
 
 from helpers import CLI, ENV, TINY_MODEL, cli, cli_here
 from keras_transformer import cli as command_line
-from keras_transformer.runs import options, run_dir, translation
+from keras_transformer.runs import run_dir, translation
 
 # One device (the test process has two logical CPUs, where "auto" would mirror): the same
 # training in this process (`cli_here`) and in a new one (`cli`, the kill tests).
@@ -158,19 +158,11 @@ def test_a_failed_start_can_be_corrected_and_a_foreign_directory_is_refused(tmp_
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(finished_run, tmp_path_factory):
     """A finished tiny run and its export, to be copied and damaged by each test."""
-    base = tmp_path_factory.mktemp("damaged")
-    run = base / "run"
-    config = options.merge_config(options.DEMO, {
-        "data": {"limit_train": 600, "limit_val": 10},
-        "model": {"num_layers": 1, "d_model": 32, "num_heads": 2, "d_ff": 64},
-        "training": {"epochs": 1, "attention_samples": 0, "warmup_steps": 50, "precision": "float32"},
-    })
-    translation.train(config, str(run), verbose=0)
-    export = base / "export"
-    translation.export(str(run), str(export))
-    return run, export / "1"
+    export = tmp_path_factory.mktemp("damaged") / "export"
+    translation.export(str(finished_run), str(export))
+    return finished_run, export / "1"
 
 
 def truncate(path):
