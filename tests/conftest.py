@@ -232,8 +232,9 @@ def litert_exports(trained_demo_run, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def classifier_exports(tmp_path_factory):
-    """A tiny lowercasing classifier trained on labelled reviews, and its LiteRT exports (float32): `litert`
-    (by the console script, whose output is kept) and `builtin` (`--ops builtin`)."""
+    """A tiny lowercasing classifier trained on 400 labelled reviews by the console script, and its LiteRT
+    exports (float32): `litert` (by the console script) and `builtin` (`--ops builtin`). Returns the
+    directory and what the commands printed (`train_stdout`, and the export's `stdout`, `stderr`)."""
 
     def train(directory):
         from helpers import ENV, cli
@@ -242,7 +243,7 @@ def classifier_exports(tmp_path_factory):
         from keras_transformer.runs import classification
 
         write_reviews(directory / "reviews.csv", 400, seed=0)
-        cli("train-classifier", "--dataset", f"csv:{directory / 'reviews.csv'}", "--out", directory / "run",
+        trained = cli("train-classifier", "--dataset", f"csv:{directory / 'reviews.csv'}", "--out", directory / "run",
             "--epochs", 1, "--vocab-size", 80, "--num-layers", 1, "--d-model", 16, "--num-heads", 2, "--d-ff", 32,
             "--max-length", 16, "--projector-samples", 10)
         # The command a user runs (the installed console script), in a process of its own: what it
@@ -251,7 +252,7 @@ def classifier_exports(tmp_path_factory):
                                    str(directory / "run"), str(directory / "litert"), "--format", "litert"],
                                   capture_output=True, text=True, env=ENV, timeout=600, check=True)
         classification.export_litert(str(directory / "run"), str(directory / "builtin"), ops="builtin")
-        return {"stdout": exported.stdout, "stderr": exported.stderr}
+        return {"stdout": exported.stdout, "stderr": exported.stderr, "train_stdout": trained.stdout}
 
     directory, printed = built_once(tmp_path_factory, "litert-classifier", train)
     return Path(directory), printed

@@ -129,18 +129,13 @@ def test_a_wrong_corpus_to_also_train_on_is_refused_before_the_run_starts():
 
 
 @pytest.mark.slow
-def test_the_train_classifier_command(tmp_path):
-    from helpers import cli_here as cli  # in this process; test_cli.py proves the console script
+def test_the_train_classifier_command(classifier_exports, tmp_path):
+    from helpers import cli_here as cli
 
-    write_reviews(tmp_path / "reviews.csv", 300, seed=2)
-    run = tmp_path / "run"
-    result = cli(
-        "train-classifier", "--dataset", f"csv:{tmp_path / 'reviews.csv'}", "--out", run, "--epochs", 1,
-        "--vocab-size", 80, "--num-layers", 1, "--d-model", 16, "--num-heads", 2, "--d-ff", 32,
-        "--max-length", 16, "--projector-samples", 20,
-    )
-    assert "validation accuracy" in result.stdout and f"run directory: {run}" in result.stdout
-    metrics = json.loads((run / "metrics.json").read_text())
-    assert metrics["val"]["examples"] == 30  # 10% held back, balanced
+    directory, printed = classifier_exports  # trained by the console script on 400 reviews
+    trained = printed["train_stdout"]
+    assert "validation accuracy" in trained and f"run directory: {directory / 'run'}" in trained
+    metrics = json.loads((directory / "run" / "metrics.json").read_text())
+    assert metrics["val"]["examples"] == 40  # 10% held back, balanced
     refused = cli("train-classifier", "--dataset", "csv", "--out", tmp_path / "other", check=False)
     assert refused.returncode == 2 and "csv:PATH" in refused.stderr
