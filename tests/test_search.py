@@ -191,28 +191,38 @@ def _written_along_by_tensorflow(cached, new, index, axis):
     return tf.concat([before, tf.cast(new, cached.dtype), after], axis=axis)
 
 
+# What the chunked searches are compared with: (beam size, greedy path kept), at most 4 tokens past the
+# source; and a one-step limit, where every sentence finishes at the first step.
+CHUNKED_SETTINGS = {(1, False): decoding(max_extra_length=4), (3, True): decoding(beam_size=3, keep_greedy=True,
+                    max_extra_length=4), (2, False): decoding(beam_size=2, max_extra_length=4),
+                    "one step": decoding(max_extra_length=0, max_output_length=1)}
+
+
+@pytest.fixture(scope="module")
+def ordinary_searches(model):
+    """The ordinary searches' `(tokens, scores)` of `sources(3)` under each of `CHUNKED_SETTINGS`."""
+    ids = sources(3, batch=6)
+    return {name: graph_function(lambda x: transformer_search(model, x, settings))(ids)
+            for name, settings in CHUNKED_SETTINGS.items()}
+
+
 @pytest.mark.parametrize("chunk_steps", [1, 3])
-def test_searches_in_chunks_translate_as_the_ordinary_searches(model, monkeypatch, chunk_steps):
+def test_searches_in_chunks_translate_as_the_ordinary_searches(model, ordinary_searches, monkeypatch, chunk_steps):
     """LiteRT's searches: chunks of steps on a two-part cache that grows, sentences leaving between chunks.
 
     Run by TensorFlow, with its own ops for LiteRT's one write. Chunks of 3
     divide no length limit here: sentences end mid-chunk, and the last
-    chunk is cut short.
+    chunk is cut short; with a one-step limit the batch empties in the first chunk.
     """
     monkeypatch.setattr(litert_cache, "write_along", _written_along_by_tensorflow)
     ids = sources(3, batch=6)
     litert = LiteRTDecoding(chunk_steps)
-    for beam_size, keep_greedy in ((1, False), (3, True), (2, False)):
-        settings = decoding(beam_size=beam_size, keep_greedy=keep_greedy, max_extra_length=4)
-        ordinary = graph_function(lambda x: transformer_search(model, x, settings))(ids)
+    for name, settings in CHUNKED_SETTINGS.items():
+        ordinary = ordinary_searches[name]
         chunked = graph_function(lambda x: transformer_search(model, x, settings, decoding=litert))(ids)
         np.testing.assert_array_equal(chunked[0].numpy(), ordinary[0].numpy())
-        np.testing.assert_allclose(chunked[1].numpy(), ordinary[1].numpy(), atol=1e-5)
-    # A one-step limit: every sentence finishes at the first step, the batch empties in the first chunk.
-    settings = decoding(max_extra_length=0, max_output_length=1)
-    chunked = graph_function(lambda x: transformer_search(model, x, settings, decoding=litert))(ids)
-    np.testing.assert_array_equal(chunked[0].numpy(), graph_function(
-        lambda x: transformer_search(model, x, settings))(ids)[0].numpy())
+        if name != "one step":
+            np.testing.assert_allclose(chunked[1].numpy(), ordinary[1].numpy(), atol=1e-5)
 
 
 def test_the_log_softmax_spelled_out_for_litert_equals_tensorflows():
