@@ -113,7 +113,7 @@ def test_learning_from_a_dataset_equals_learning_from_the_list():
     assert from_list.vocab == from_dataset.vocab and len(from_list.vocab) <= 60
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")  # read only
 def tokenizers():
     return WordPieceTokenizer.learn(SOURCES, vocab_size=60), WordPieceTokenizer.learn(TARGETS, vocab_size=60)
 

@@ -111,16 +111,26 @@ def test_what_ctranslate2_cannot_run_and_a_taken_directory_are_refused(tmp_path)
         CTranslate2Translator(damaged)
 
 
+@pytest.fixture(scope="module")
+def ctranslate2_export(trained_demo_run, tmp_path_factory):
+    """The demo run exported by `export --format ctranslate2` in this process: `(directory, what it printed)`."""
+    from helpers import cli_here
+
+    run, _ = trained_demo_run
+    out = tmp_path_factory.mktemp("ctranslate2") / "ct2"
+    return out, cli_here("export", run, out, "--format", "ctranslate2").stdout
+
+
 @pytest.mark.slow
-def test_export_format_ctranslate2_and_translate_with_it_on_the_command_line(trained_demo_run, tmp_path):
+def test_export_format_ctranslate2_and_translate_with_it_on_the_command_line(trained_demo_run, ctranslate2_export,
+                                                                             tmp_path):
     from helpers import cli_here as cli  # the commands in this process; test_cli.py proves the console script
     from keras_transformer.data import demo_corpus
 
     run, _ = trained_demo_run
     sources = [source for source, _ in demo_corpus()["val"][:40]]
-    out = tmp_path / "ct2"
-    exported = cli("export", run, out, "--format", "ctranslate2")
-    assert f"exported CTranslate2 model: {out}" in exported.stdout
+    out, exported = ctranslate2_export
+    assert f"exported CTranslate2 model: {out}" in exported
     ours = cli("translate", run, "--beam-size", "1", input="\n".join(sources) + "\n").stdout.splitlines()
     theirs = cli("translate", "--ctranslate2", out, "--beam-size", "1", input="\n".join(sources) + "\n")
     assert theirs.stdout.splitlines() == ours
@@ -140,16 +150,14 @@ def test_export_format_ctranslate2_and_translate_with_it_on_the_command_line(tra
 
 
 @pytest.mark.slow
-def test_a_document_comes_out_of_ctranslate2_with_as_many_lines_each_translated_as_if_alone(trained_demo_run,
-                                                                                            tmp_path):
+def test_a_document_comes_out_of_ctranslate2_with_as_many_lines_each_translated_as_if_alone(ctranslate2_export):
     from helpers import DOCUMENT, check_one_answer_per_line, cli_here
 
-    run, _ = trained_demo_run
-    cli_here("export", run, tmp_path / "ct2", "--format", "ctranslate2")
-    given = ["--ctranslate2", tmp_path / "ct2", "--beam-size", "2"]
-    result = cli_here("translate", *given, input=DOCUMENT)
-    check_one_answer_per_line(result, lambda text: cli_here("translate", *given, text).stdout.removesuffix("\n"))
-    pieces = json.loads((tmp_path / "ct2" / "keras_transformer.json").read_text())["max_source_length"] - 2
+    out, _ = ctranslate2_export
+    result = cli_here("translate", "--ctranslate2", out, "--beam-size", "2", input=DOCUMENT)
+    translator = CTranslate2Translator(out)  # what the command runs, given each line alone
+    check_one_answer_per_line(result, lambda text: translator.translate([text], beam_size=2)[0])
+    pieces = json.loads((out / "keras_transformer.json").read_text())["max_source_length"] - 2
     assert f"line 5 is longer than the model reads: only its first {pieces} pieces were translated" in result.stderr
 
 

@@ -242,6 +242,7 @@ class CTranslate2Translator:
         require_ctranslate2()
         import ctranslate2
 
+        model_dir = os.fspath(model_dir)  # a pathlib.Path too: CTranslate2 takes a str
         settings_path = os.path.join(model_dir, SETTINGS)
         if not os.path.isfile(settings_path):
             raise FileNotFoundError(f"{model_dir} is not a CTranslate2 export of keras-transformer (no {SETTINGS})")
