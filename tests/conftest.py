@@ -36,6 +36,7 @@ if ON_TENSORFLOW:
 # ones first keeps a worker from starting one of them when the other has nothing left to do.
 LONGEST_FILES = {
     "tensorflow": (
+        "test_litert.py",
         "test_multi_worker.py",
         "test_export.py",
         "test_search.py",

@@ -87,13 +87,19 @@ def test_quantized_files_are_smaller_and_translate(litert_exports):
         assert all(translated) and sum(a == b for a, b in zip(translated, reference)) >= 12, (name, translated)
 
 
-def test_a_shared_tied_table_is_stored_once_in_the_int8_file(tmp_path):
-    # The published fixture run shares one vocabulary and ties the output projection to it: the table
-    # is looked up (both embeddings) and multiplied by, and the converter quantizes it twice.
+@pytest.fixture(scope="module")
+def published_int8(tmp_path_factory):
+    """The published fixture run's int8 file (beam 2): it shares one vocabulary and ties the output projection to it."""
     from test_publish import PUBLISHED
 
-    out = tmp_path / "int8"
-    translation.export_litert(str(PUBLISHED / "run"), str(out), quantization="int8")
+    out = tmp_path_factory.mktemp("published") / "int8"
+    translation.export_litert(str(PUBLISHED / "run"), str(out), quantization="int8", beam_size=2)
+    return out
+
+
+def test_a_shared_tied_table_is_stored_once_in_the_int8_file(published_int8):
+    # The table is looked up (both embeddings) and multiplied by, and the converter quantizes it twice.
+    out = published_int8
     content = (out / litert.MODEL_FILE).read_bytes()
     copies = int8_weights(content)
     for (shape, first), (other_shape, second) in itertools.combinations(copies, 2):
@@ -109,17 +115,18 @@ def test_a_shared_tied_table_is_stored_once_in_the_int8_file(tmp_path):
     assert all(isinstance(text, str) for text in translated)
 
 
-def test_the_int8_files_lookups_read_int8_rows_and_translate_as_the_whole_table_did(tmp_path, monkeypatch):
+def test_the_int8_files_lookups_read_int8_rows_and_translate_as_the_whole_table_did(published_int8, tmp_path,
+                                                                                   monkeypatch):
     # Without the rewrite the tied table is turned into floats whole, and the search's loops carry those.
     from test_publish import PUBLISHED
 
     texts = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Park.", "Eine Frau liest ein Buch.", ""]
-    translation.export_litert(str(PUBLISHED / "run"), str(tmp_path / "rows"), quantization="int8", beam_size=2)
     monkeypatch.setattr(litert.converter, "int8_lookups", lambda model: model)
     translation.export_litert(str(PUBLISHED / "run"), str(tmp_path / "whole"), quantization="int8", beam_size=2)
-    files = {name: (tmp_path / name / litert.MODEL_FILE).read_bytes() for name in ("rows", "whole")}
+    files = {"rows": (published_int8 / litert.MODEL_FILE).read_bytes(),
+             "whole": (tmp_path / "whole" / litert.MODEL_FILE).read_bytes()}
     assert whole_tables_dequantized(files["whole"]) and not whole_tables_dequantized(files["rows"])
-    rows, whole = LiteRTModel(tmp_path / "rows").run(texts), LiteRTModel(tmp_path / "whole").run(texts)
+    rows, whole = LiteRTModel(published_int8).run(texts), LiteRTModel(tmp_path / "whole").run(texts)
     assert list(rows["translation"]) == list(whole["translation"])
     np.testing.assert_array_equal(rows["score"], whole["score"])
 
