@@ -77,14 +77,22 @@ def cache_room(request, monkeypatch):
     return request.param
 
 
-def test_cached_greedy_equals_greedy_recomputing_the_prefix(model, cache_room):
-    # Traced once each: the three batches have one shape.
+@pytest.fixture(scope="module")
+def recomputed(model):
+    """Searches that recompute the whole prefix each step (no cache, so no cache room to vary): greedy on
+    `sources(seed)` for seeds 0-2 (`"greedy", seed`), beam 3 on `sources(4)` (`"beam"`)."""
+    greedy = graph_function(lambda x: transformer_search(model, x, decoding(max_extra_length=6), use_cache=False))
+    beam = graph_function(lambda x: transformer_search(model, x, decoding(beam_size=3, max_extra_length=5),
+                                                       use_cache=False))
+    return {**{("greedy", seed): greedy(sources(seed)) for seed in range(3)}, "beam": beam(sources(4))}
+
+
+def test_cached_greedy_equals_greedy_recomputing_the_prefix(model, recomputed, cache_room):
+    # Traced once: the three batches have one shape.
     cached_search = graph_function(lambda x: transformer_search(model, x, decoding(max_extra_length=6)))
-    plain_search = graph_function(lambda x: transformer_search(model, x, decoding(max_extra_length=6), use_cache=False))
     for seed in range(3):
-        ids = sources(seed)
-        cached_tokens, cached_scores = cached_search(ids)
-        plain_tokens, plain_scores = plain_search(ids)
+        cached_tokens, cached_scores = cached_search(sources(seed))
+        plain_tokens, plain_scores = recomputed["greedy", seed]
         np.testing.assert_array_equal(cached_tokens.numpy(), plain_tokens.numpy())
         np.testing.assert_allclose(cached_scores.numpy(), plain_scores.numpy(), atol=1e-5)
 
@@ -144,10 +152,9 @@ def test_beam_search_never_scores_worse_than_greedy(model, beam_size):
         assert np.all(beam_model_scores >= greedy_model_scores - 1e-5)
 
 
-def test_cached_beam_equals_recomputed_beam(model, cache_room):
-    ids = sources(4)
-    cached = graph_function(lambda x: transformer_search(model, x, decoding(beam_size=3, max_extra_length=5)))(ids)
-    plain = graph_function(lambda x: transformer_search(model, x, decoding(beam_size=3, max_extra_length=5), use_cache=False))(ids)
+def test_cached_beam_equals_recomputed_beam(model, recomputed, cache_room):
+    cached = graph_function(lambda x: transformer_search(model, x, decoding(beam_size=3, max_extra_length=5)))(sources(4))
+    plain = recomputed["beam"]
     np.testing.assert_array_equal(cached[0].numpy(), plain[0].numpy())
     np.testing.assert_allclose(cached[1].numpy(), plain[1].numpy(), atol=1e-5)
 
