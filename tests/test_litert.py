@@ -482,8 +482,8 @@ def test_a_bpe_model_segments_on_device_as_the_checkpoints_tokenizer(name, tmp_p
 
     texts = [source for source, _ in demo_corpus()["val"][:200]] + TOKENIZER_SENTENCES
     texts += ["  two  spaces ", "   ", " a", "a ", "naïve café 東京"]
-    # The merges loop once per merge of a batch's longest word over the whole batch: the two
-    # 200-piece texts go in a batch of their own (together, 9 s; apart, 0.4 s).
+    # The merges loop once per merge of a batch's longest word, over the whole batch: the texts of
+    # 200 characters or more (a 300-letter word) go in a batch of their own (together, 9 s; apart, 0.4 s).
     short, long = [text for text in texts if len(text) < 200], [text for text in texts if len(text) >= 200]
     assert on_device_pieces(512, short) + on_device_pieces(512, long) == tokenizer.tokenize(
         tf.constant(short + long), add_start_end=False).to_list()
