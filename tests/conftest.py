@@ -273,3 +273,24 @@ def language_model_export(trained_language_model_run, tmp_path_factory):
 
     directory, _ = built_once(tmp_path_factory, "litert-language-model", export)
     return run, Path(directory) / "litert"
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_run(tmp_path_factory):
+    """A tiny demo translator on a shared BPE vocabulary, trained by the `train` command once per session: its run directory."""
+
+    def train(directory):
+        from helpers import cli_here
+
+        cli_here(
+            "train", "--dataset", "demo", "--out", directory / "run", "--tokenizer", "sentencepiece",
+            "--sentencepiece-model", "bpe", "--vocab-size", 500, "--shared-vocab", "--epochs", 1,
+            "--steps-per-epoch", 100, "--warmup-steps", 100, "--limit-train", 3000, "--limit-val", 20,
+            "--cpu-replicas", 2, "--strategy", "mirrored", "--num-layers", 2, "--d-model", 64, "--num-heads", 2,
+            "--d-ff", 128, "--attention-samples", 0, "--precision", "float32", "--ema-momentum", 0.9,
+            "--no-evaluate",  # test_sentencepiece_run evaluates the run itself
+        )
+        return {}
+
+    directory, _ = built_once(tmp_path_factory, "sentencepiece-run", train)
+    return Path(directory) / "run"

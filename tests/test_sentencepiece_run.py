@@ -1,34 +1,12 @@
 """A translation run trained here on a SentencePiece vocabulary: it trains, translates, evaluates and exports."""
 
-from pathlib import Path
-
 import pytest
-from conftest import built_once
 from helpers import cli, cli_here
 
 from keras_transformer.data import demo_corpus
 from keras_transformer.runs import translation
 
 SENTENCES = [source for source, _ in demo_corpus()["val"][:8]] + ["", "Tōkyō 東京 2024 🙂 café"]
-
-
-@pytest.fixture(scope="session")
-def sentencepiece_run(tmp_path_factory):
-    """A tiny demo translator on a shared BPE vocabulary, trained by the `train` command once per session."""
-
-    def train(directory):
-        cli_here(
-            "train", "--dataset", "demo", "--out", directory / "run", "--tokenizer", "sentencepiece",
-            "--sentencepiece-model", "bpe", "--vocab-size", 500, "--shared-vocab", "--epochs", 1,
-            "--steps-per-epoch", 100, "--warmup-steps", 100, "--limit-train", 3000, "--limit-val", 20,
-            "--cpu-replicas", 2, "--strategy", "mirrored", "--num-layers", 2, "--d-model", 64, "--num-heads", 2,
-            "--d-ff", 128, "--attention-samples", 0, "--precision", "float32", "--ema-momentum", 0.9,
-            "--no-evaluate",  # the test evaluates the run itself
-        )
-        return {}
-
-    directory, _ = built_once(tmp_path_factory, "sentencepiece-run", train)
-    return Path(directory) / "run"
 
 
 @pytest.mark.slow

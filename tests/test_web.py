@@ -1,7 +1,9 @@
 """`export --format web`: a static page that answers offline, driven in headless Chromium over loopback."""
 
 import contextlib
+import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -116,3 +118,76 @@ def test_without_npm_the_page_is_refused_in_one_line_and_nothing_is_written(trai
         "keras-transformer: error: --format web takes LiteRT.js from npm once: install Node.js and npm, then export "
         "again"], result.stderr
     assert not (tmp_path / "page").exists()
+
+
+@pytest.mark.slow
+def test_a_sentencepiece_runs_page_translates_held_out_sentences_as_its_litert_file(sentencepiece_run, tmp_path):
+    out = tmp_path / "page"
+    cli_here("export", sentencepiece_run, out, "--format", "web", "--beam-size", "1")
+    # Only its own tokenizer's library goes in: SentencePiece's WebAssembly build.
+    assert sorted(path.name for path in (out / "vendor").iterdir()) == [
+        "litertjs-core", "litertjs-wasm-utils", "sentencepiece"]
+    answers, _ = answers_of_the_page(out, SENTENCES)
+    assert answers == LiteRTModel(out).translate(SENTENCES)
+    assert len(set(answers)) > 3  # a model that tells sentences apart
+
+
+# A Node.js script: the page's tokenizers.js, loaded as the page loads it, on each side named on the
+# command line (a directory with `side.json`: litert.json's entry, the texts and the rows of ids to
+# decode), printing each side's ids and text as JSON.
+TOKENIZE_IN_NODE = """
+import {readFileSync} from "node:fs";
+import {loadTokenizer} from "./tokenizers.js";
+
+const answers = [];
+for (const directory of process.argv.slice(2)) {
+  const read = {json: async (path) => JSON.parse(readFileSync(`${directory}/${path}`, "utf8")),
+                bytes: async (path) => new Uint8Array(readFileSync(`${directory}/${path}`))};
+  const {recorded, texts, rows} = await read.json("side.json");
+  const tokenizer = await loadTokenizer(recorded, read);
+  answers.push({ids: texts.map((text) => tokenizer.pieces(text)), texts: rows.map((row) => tokenizer.text(row))});
+}
+console.log(JSON.stringify(answers));
+"""
+
+
+def test_the_pages_sentencepiece_reads_and_writes_every_checkpoint_familys_text_as_the_python_runner(tmp_path):
+    """Marian (`>>xx<<` codes), M2M100 and NLLB (word by word): the page's tokenizers in Node.js, against Python's."""
+    import numpy as np
+    from test_pretrained import FIXTURES
+
+    from keras_transformer import device_tokenizers, pretrained
+    from keras_transformer.export import web
+    from keras_transformer.export.litert import PROBE_SENTENCES, device_text
+    from keras_transformer.pretrained.checkpoint import read_config
+
+    texts = SENTENCES + PROBE_SENTENCES + [">>fra<< A dog.", ">>xx<<", " lead", "a  b   c", "\ufb01ne \uff46ull \u0007",
+                                           "<unk> </s> __en__ eng_Latn"]
+    random = np.random.default_rng(0)
+    sides, expected = [], []
+    for name in ("marian-shared-swish", "marian-separate-relu", "m2m100-en-de", "nllb-en-de"):
+        config = read_config(str(FIXTURES / name))
+        for side, tokenizer in zip(("source", "target"), pretrained.family_of(config).tokenizers(str(FIXTURES / name),
+                                                                                                  config)):
+            directory = tmp_path / f"{name}-{side}"
+            recorded = device_text.write_tokenizer(tokenizer, str(directory), "side")
+            recorded["directory"] = "side"
+            web.write_surfaces(directory, recorded)
+            python = device_tokenizers.load(str(directory), recorded)
+            ids = python.pieces(texts)
+            # Rows of ids as a search writes them: any id, special ones and out-of-range ones included.
+            rows = ids + [random.integers(-1, len(python.surfaces) + 1, random.integers(0, 12)).tolist()
+                          for _ in range(100)]
+            (directory / "side.json").write_text(json.dumps({"recorded": recorded, "texts": texts, "rows": rows}))
+            sides.append(directory)
+            expected.append({"ids": ids, "texts": [python.text(row) for row in rows]})
+    shutil.copy(web.PAGE / "tokenizers.js", tmp_path)
+    (tmp_path / "node_modules").symlink_to(web.page_packages())  # as the page's import map names them
+    (tmp_path / "drive.mjs").write_text(TOKENIZE_IN_NODE)
+    node = subprocess.run(["node", "drive.mjs", *map(str, sides)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert node.returncode == 0, node.stderr
+    answers = json.loads(node.stdout)
+    for directory, theirs, ours in zip(sides, answers, expected):
+        assert theirs["ids"] == ours["ids"], directory.name
+        assert theirs["texts"] == ours["texts"], directory.name

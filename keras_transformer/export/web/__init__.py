@@ -1,29 +1,39 @@
 """A run as a static web page that answers offline: `export RUN OUT --format web`.
 
-    OUT/index.html, app.js       the page (`page/`): a text box, and `?text=` for scripts
+    OUT/index.html, app.js, tokenizers.js, node-builtins.js
+                                 the page (`page/`): a text box, and `?text=` for scripts
     OUT/model.tflite, litert.json, source/, target/ (or text/)
                                  a builtin LiteRT file (`export.litert`, `ops="builtin"`) and its tokenizers
-    OUT/vendor/                  LiteRT.js (`@litertjs/core`) and Hugging Face's tokenizers port
+    OUT/vendor/                  LiteRT.js (`@litertjs/core`) and the tokenizers' library: Hugging Face's
+                                 tokenizers port for WordPiece, SentencePiece's WebAssembly build
+                                 (`@sctg/sentencepiece-js`) for SentencePiece
 
 The page runs the file on LiteRT.js's WebAssembly build, which takes inputs of
 fixed shapes only: the file takes one text at a time (`fixed_rows=1`), its
 pieces padded to the model's length, with the whole search inside, as on a
-phone. The JavaScript packages come from npm when the page is written, as
+phone. Its tokenizers run from the files `device_tokenizers` runs in
+Python; a SentencePiece side also gets `surfaces.json`, the text each id
+adds when decoded, as the Python runner works it out from the model. The
+JavaScript packages come from npm when the page is written, as
 `page/package-lock.json` pins them (installed once into a cache,
 `page_packages`); the page fetches nothing from any other site.
 """
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
+from keras_transformer import device_tokenizers
 from keras_transformer.export import litert
-from keras_transformer.saving import first_line
+from keras_transformer.on_device import SETTINGS_FILE
+from keras_transformer.saving import first_line, write_json
 
 PAGE = Path(__file__).with_name("page")
+PAGE_FILES = ("index.html", "app.js", "tokenizers.js", "node-builtins.js")
 # What the page needs of each package: (package, file in it, where it goes under OUT/vendor/). LiteRT.js
 # loads the WebAssembly build the browser can run: with relaxed SIMD, or the compatible one.
 VENDORED = [
@@ -32,22 +42,21 @@ VENDORED = [
       for name in ("litert_wasm_internal.js", "litert_wasm_internal.wasm", "litert_wasm_compat_internal.js",
                    "litert_wasm_compat_internal.wasm")],
     ("@litertjs/wasm-utils", "dist/index.js", "litertjs-wasm-utils/index.js"),
-    ("@huggingface/tokenizers", "dist/tokenizers.min.mjs", "tokenizers/tokenizers.min.mjs"),
-    ("@huggingface/tokenizers", "LICENSE", "tokenizers/LICENSE"),
 ]
+# Each kind of tokenizer's library (`litert.json`'s "kind"), vendored where a side needs it.
+VENDORED_TOKENIZERS = {
+    "wordpiece": [("@huggingface/tokenizers", "dist/tokenizers.min.mjs", "tokenizers/tokenizers.min.mjs"),
+                  ("@huggingface/tokenizers", "LICENSE", "tokenizers/LICENSE")],
+    "sentencepiece": [("@sctg/sentencepiece-js", "dist/index.js", "sentencepiece/index.js"),
+                      ("@sctg/sentencepiece-js", "LICENSE", "sentencepiece/LICENSE")],
+}
+SURFACES_FILE = "surfaces.json"  # a SentencePiece side's: the text each of its ids adds when decoded
 
 
 def check_service(service):
-    """A one-line ValueError unless the page can run `service`: a builtin file of fixed rows, WordPiece tokenizers."""
+    """A one-line ValueError unless the page can run `service`: a builtin file of fixed rows."""
     if service.ops != "builtin" or not service.fixed_rows:
         raise ValueError("a web page runs a builtin LiteRT file of fixed rows (LiteRT.js takes no other)")
-    from keras_transformer.text import WordPieceTokenizer
-
-    others = sorted({type(tokenizer).__name__ for tokenizer in service.tokenizers().values()
-                     if not isinstance(tokenizer, WordPieceTokenizer)})
-    if others:
-        raise ValueError(f"--format web runs WordPiece runs for now, not a {others[0]}'s: export --format litert "
-                         "--ops builtin for this run")
 
 
 def page_packages():
@@ -98,6 +107,17 @@ def main():
         sys.exit(f"make: {error}")
 
 
+def write_surfaces(export_dir, recorded):
+    """Write a SentencePiece side's `surfaces.json`: the text each id adds when decoded, as the Python runner has it.
+
+    `recorded`: the side's entry in `litert.json`. The page decodes with
+    this list alone (`page/tokenizers.js`): working it out takes lookups
+    SentencePiece's WebAssembly build does not offer.
+    """
+    surfaces = device_tokenizers.load(export_dir, recorded).surfaces
+    write_json(Path(export_dir) / recorded["directory"] / SURFACES_FILE, surfaces)
+
+
 def export_web(service, out_dir, quantization=None, held_out_texts=None):
     """Write `service` (a builtin LiteRT service of fixed rows, e.g. `LiteRTTranslation(..., "builtin", 1)`) as a page.
 
@@ -109,11 +129,17 @@ def export_web(service, out_dir, quantization=None, held_out_texts=None):
     packages = page_packages()  # before the model is converted: a missing npm costs nothing
 
     def write_page(directory):
-        for name in ("index.html", "app.js"):
+        for name in PAGE_FILES:
             shutil.copy(PAGE / name, directory)
-        for package, source, target in VENDORED:
+        with open(Path(directory) / SETTINGS_FILE, encoding="utf-8") as file:
+            sides = json.load(file)["tokenizers"].values()
+        kinds = sorted({recorded["kind"] for recorded in sides})
+        for package, source, target in VENDORED + [file for kind in kinds for file in VENDORED_TOKENIZERS[kind]]:
             path = Path(directory) / "vendor" / target
             path.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(packages / package / source, path)
+        for recorded in sides:
+            if recorded["kind"] == "sentencepiece":
+                write_surfaces(directory, recorded)
 
     return litert.export_litert(service, out_dir, quantization, held_out_texts, beside=write_page)

@@ -2,8 +2,9 @@
 //
 // model.tflite is a LiteRT file of builtin operators with the search inside: pieces in, ids out
 // (`--ops builtin`, with inputs of one shape: LiteRT.js runs no other). LiteRT.js runs it on
-// WebAssembly; Hugging Face's tokenizers port reads each side's tokenizer.json, as
-// `keras_transformer.on_device` does in Python with the same files and the same litert.json.
+// WebAssembly; each side's tokenizer runs from the files beside it (tokenizers.js: Hugging Face's
+// tokenizers port, or SentencePiece's WebAssembly build), as `keras_transformer.on_device` does in
+// Python with the same files and the same litert.json.
 //
 // `?text=` (lines separated by newlines) is answered at once, one line of #translations a line:
 // a translation, `label<TAB>probability` (as `keras-transformer classify` prints it), or the
@@ -11,41 +12,29 @@
 // could not load); data-load-ms and data-first-ms say how long loading and the first answer took.
 
 import {loadAndCompile, loadLiteRt, Tensor} from "@litertjs/core";
-import {Tokenizer} from "@huggingface/tokenizers";
+import {loadTokenizer} from "./tokenizers.js";
 
 const element = (id) => document.getElementById(id);
 const VERBS = {translation: "Translate", classification: "Classify", language_model: "Continue"};
 
-async function fetchJson(path) {
+async function fetchOk(path) {
   const response = await fetch(path);
   if (!response.ok) throw new Error(`${path} could not be read (${response.status})`);
-  return response.json();
+  return response;
 }
 
-// One side's tokenizer: the run's pieces of a text, and the text of the file's ids (the framing left out).
-class HostTokenizer {
-  constructor(spec, recorded) {
-    this.tokenizer = new Tokenizer(spec, {});
-    this.dropped = new Set(recorded.dropped_ids);
-  }
-
-  pieces(text) {
-    return text ? this.tokenizer.encode(text, {add_special_tokens: false}).ids : [];
-  }
-
-  text(ids) {
-    const kept = ids.filter((id) => !this.dropped.has(id));
-    return kept.length ? this.tokenizer.decode(kept, {skip_special_tokens: false}) : "";
-  }
+async function fetchJson(path) {
+  return (await fetchOk(path)).json();
 }
 
 async function load() {
   const settings = await fetchJson("litert.json");
   await loadLiteRt(new URL("vendor/litertjs-core/wasm/", location.href).href);
   const model = await loadAndCompile(new URL("model.tflite", location.href).href, {accelerator: "wasm"});
+  const read = {json: fetchJson, bytes: async (path) => new Uint8Array(await (await fetchOk(path)).arrayBuffer())};
   const tokenizers = {};
   for (const [name, recorded] of Object.entries(settings.tokenizers)) {
-    tokenizers[name] = new HostTokenizer(await fetchJson(`${recorded.directory}/tokenizer.json`), recorded);
+    tokenizers[name] = await loadTokenizer(recorded, read);
   }
   return {settings, model, tokenizers};
 }
