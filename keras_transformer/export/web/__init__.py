@@ -59,14 +59,15 @@ def check_service(service):
         raise ValueError("a web page runs a builtin LiteRT file of fixed rows (LiteRT.js takes no other)")
 
 
-def page_packages():
+def page_packages(page=PAGE):
     """The page's npm packages, installed from `page/package-lock.json` once: their `node_modules` directory.
 
-    Kept in `$KERAS_TRANSFORMER_CACHE` (default `~/.cache/keras-transformer`)
+    `page`: the directory with `package.json` and `package-lock.json` (the
+    benchmark's transformers.js page has its own). Kept in `$KERAS_TRANSFORMER_CACHE` (default `~/.cache/keras-transformer`)
     under the lockfile's digest: a new pin installs afresh. A ValueError of
     one line where npm is missing or cannot install them.
     """
-    lockfile = (PAGE / "package-lock.json").read_bytes()
+    lockfile = (Path(page) / "package-lock.json").read_bytes()
     cache = Path(os.environ.get("KERAS_TRANSFORMER_CACHE", Path.home() / ".cache" / "keras-transformer"))
     installed = cache / f"web-{hashlib.sha256(lockfile).hexdigest()[:16]}"
     if (installed / "node_modules").is_dir():
@@ -77,7 +78,7 @@ def page_packages():
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as partial:
         for name in ("package.json", "package-lock.json"):
-            shutil.copy(PAGE / name, partial)
+            shutil.copy(Path(page) / name, partial)
         try:
             result = subprocess.run([npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--silent"],
                                     cwd=partial, capture_output=True, text=True, timeout=600)
