@@ -25,7 +25,7 @@ translates with Marian models today: transformers.js (ONNX Runtime Web),
 given the checkpoint (`export --format hf` of the run, or the imported
 one) as ONNX files made for this benchmark only
 (`transformers_js/marian_for_transformers_js.py`, run by `--onnx-python`,
-a Python with optimum-onnx and PyTorch), its q8 files (its default on
+a Python with optimum-onnx, onnxslim and PyTorch), its q8 files (its default on
 WebAssembly) against our int8 page, greedy, a sentence at a time, at each
 of `--threads` (ONNX Runtime's threads; LiteRT.js's WebAssembly build runs
 on one).
@@ -81,6 +81,7 @@ def served(directory):
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
+        server.server_close()
 
 
 def page_round(address, sentences, query=""):
@@ -106,7 +107,7 @@ def page_round(address, sentences, query=""):
     milliseconds = float(status.split(" in ")[1].split(" ms")[0])
     return {"load_ms": int(figures["loadMs"]), "first_ms": int(figures["firstMs"]),
             "sentences_per_s": round(len(sentences) / milliseconds * 1000, 2), "wall_s": round(wall, 2),
-            "downloaded_bytes": sum(fetched), "words_per_answer": round(
+            "downloaded_bytes": sum(fetched), "isolated": figures.get("isolated") == "true", "words_per_answer": round(
                 sum(len(answer.split()) for answer in answers) / len(answers), 1)}, answers
 
 
@@ -135,6 +136,18 @@ def transformers_js_page(checkpoint, directory, onnx_python):
     # Only the q8 files: what a page of transformers.js's default downloads.
     for name in ("encoder_model.onnx", "decoder_model_merged.onnx"):
         os.remove(os.path.join(directory, "models", "marian", "onnx", name))
+
+
+def same_source_ids(page, model, sentences):
+    """How many of `sentences` the transformers.js model's `tokenizer.json` reads into our page's ids (Python's
+    `tokenizers`, which reads the normaliser transformers.js approximates), the checkpoint's ids being ours - 1."""
+    from tokenizers import Tokenizer
+
+    from keras_transformer.on_device import LiteRTModel
+
+    ours = LiteRTModel(page).tokenizers["source"].pieces(sentences)
+    theirs = Tokenizer.from_file(os.path.join(model, "tokenizer.json")).encode_batch(sentences)
+    return sum([index - 1 for index in mine] == their.ids[:-1] for mine, their in zip(ours, theirs))  # </s> last
 
 
 def main():
@@ -190,13 +203,17 @@ def main():
             exporters.export(run_dir, checkpoint, "hf")
         theirs_dir = os.path.join(directory, "transformers-js")
         transformers_js_page(checkpoint, theirs_dir, arguments.onnx_python)
-        # Each side writes at most as many tokens as the file does (transformers.js's pipeline would write 256).
+        same_ids = same_source_ids(out, os.path.join(theirs_dir, "models", "marian"), sentences)
+        # Each side writes at most as many tokens as the file does (transformers.js's pipeline would write 256);
+        # ours also stops at the source's length plus the run's max_extra_length (`words_per_answer` shows both).
         max_new_tokens = LiteRTModel(out).settings["max_output_length"]
         for threads in map(int, arguments.threads.split(",")):
             theirs, their_answers = timed(theirs_dir, sentences, arguments.rounds,
                                           f"dtype=q8&threads={threads}&max_new_tokens={max_new_tokens}&")
+            if threads > 1 and not all(figures["isolated"] for figures in theirs["rounds"]):
+                raise SystemExit("the transformers.js page was not cross-origin isolated: it ran on one thread")
             theirs.update(contender="transformers.js (ONNX Runtime Web)", threads=threads, dtype="q8",
-                          sentences=len(sentences), same_answers_as_our_page=sum(
+                          sentences=len(sentences), same_source_ids_as_our_page=same_ids, same_answers_as_our_page=sum(
                               mine == their for mine, their in zip(answers[0], their_answers[0])),
                           speed_ratio_ours=round(ours["sentences_per_s"] / theirs["sentences_per_s"], 2),
                           download_ratio_ours=round(ours["downloaded_bytes"] / theirs["downloaded_bytes"], 2))

@@ -127,9 +127,12 @@ def test_a_sentencepiece_runs_page_translates_held_out_sentences_as_its_litert_f
     # Only its own tokenizer's library goes in: SentencePiece's WebAssembly build.
     assert sorted(path.name for path in (out / "vendor").iterdir()) == [
         "litertjs-core", "litertjs-wasm-utils", "sentencepiece"]
-    answers, _ = answers_of_the_page(out, SENTENCES)
+    answers, requested = answers_of_the_page(out, SENTENCES)
     assert answers == LiteRTModel(out).translate(SENTENCES)
     assert len(set(answers)) > 3  # a model that tells sentences apart
+    # The target side only decodes: its SentencePiece model is not fetched.
+    models = sorted(url.rsplit("/", 2)[1] for url in requested if url.endswith("/sentencepiece.model"))
+    assert models == ["source"], models
 
 
 # A Node.js script: the page's tokenizers.js, loaded as the page loads it, on each side named on the
@@ -163,7 +166,7 @@ def test_the_pages_sentencepiece_reads_and_writes_every_checkpoint_familys_text_
 
     texts = SENTENCES + PROBE_SENTENCES + [">>fra<< A dog.", ">>xx<<", " lead", "a  b   c", "\ufb01ne \uff46ull \u0007",
                                            "<unk> </s> __en__ eng_Latn"]
-    random = np.random.default_rng(0)
+    rng = np.random.default_rng(0)
     sides, expected = [], []
     for name in ("marian-shared-swish", "marian-separate-relu", "m2m100-en-de", "nllb-en-de"):
         config = read_config(str(FIXTURES / name))
@@ -176,7 +179,7 @@ def test_the_pages_sentencepiece_reads_and_writes_every_checkpoint_familys_text_
             python = device_tokenizers.load(str(directory), recorded)
             ids = python.pieces(texts)
             # Rows of ids as a search writes them: any id, special ones and out-of-range ones included.
-            rows = ids + [random.integers(-1, len(python.surfaces) + 1, random.integers(0, 12)).tolist()
+            rows = ids + [rng.integers(-1, len(python.surfaces) + 1, rng.integers(0, 12)).tolist()
                           for _ in range(100)]
             (directory / "side.json").write_text(json.dumps({"recorded": recorded, "texts": texts, "rows": rows}))
             sides.append(directory)

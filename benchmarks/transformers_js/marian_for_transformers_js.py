@@ -2,15 +2,21 @@
 
     ONNX_PYTHON marian_for_transformers_js.py CHECKPOINT_DIR OUT_DIR
 
-Run with a Python that has the ONNX exporter, which needs PyTorch (BENCHMARKS.md says how to make it):
-`optimum-cli export onnx --task text2text-generation-with-past` (the encoder, and the decoder with
-and without its cache merged into one file), then the q8 files transformers.js loads by default on
-WebAssembly, quantized as its own conversion script does (dynamic int8 weights, a scale per channel),
-and the `tokenizer.json` its Marian tokenizer needs, written as that script writes it: a Unigram
-model over the checkpoint's vocabulary, each piece scored by the SentencePiece models, with
-SentencePiece's normaliser and `Metaspace` around it. OUT_DIR is laid out as transformers.js looks
-for a model: `config.json`, `generation_config.json`, `tokenizer.json`, `tokenizer_config.json`,
-`onnx/encoder_model{,_quantized}.onnx`, `onnx/decoder_model_merged{,_quantized}.onnx`.
+Run with a Python that has the ONNX exporter, which needs PyTorch, and onnxslim (BENCHMARKS.md says
+how to make it). As transformers.js's own conversion (`scripts/convert.py`) makes a model, with the
+differences said where they are:
+
+- `optimum-cli export onnx --task text2text-generation-with-past`: the encoder, and the decoder
+  with and without its cache merged into one file, each simplified by onnxslim;
+- the q8 files transformers.js loads by default on WebAssembly: dynamic int8 weights with a scale
+  per channel, as its `scripts/quantize.py` makes them;
+- the `tokenizer.json` its Marian tokenizer needs (`scripts/extra/marian.py`): a Unigram model over
+  the checkpoint's vocabulary, each piece scored by the SentencePiece models, with SentencePiece's
+  normaliser and `Metaspace` around it.
+
+OUT_DIR is laid out as transformers.js looks for a model: `config.json`, `generation_config.json`,
+`tokenizer.json`, `tokenizer_config.json`, `onnx/encoder_model{,_quantized}.onnx`,
+`onnx/decoder_model_merged{,_quantized}.onnx`.
 """
 
 import base64
@@ -21,6 +27,8 @@ import subprocess
 import sys
 import tempfile
 
+import onnxslim
+
 
 def export_onnx(checkpoint, out):
     with tempfile.TemporaryDirectory() as exported:
@@ -29,7 +37,7 @@ def export_onnx(checkpoint, out):
                        stdout=subprocess.DEVNULL)
         os.makedirs(os.path.join(out, "onnx"))
         for name in ("encoder_model.onnx", "decoder_model_merged.onnx"):
-            shutil.move(os.path.join(exported, name), os.path.join(out, "onnx", name))
+            onnxslim.slim(os.path.join(exported, name), os.path.join(out, "onnx", name))
         for name in ("config.json", "generation_config.json"):
             shutil.copy(os.path.join(exported, name), out)
 
@@ -55,9 +63,14 @@ def write_tokenizer(checkpoint, out):
         model = sentencepiece_model_pb2.ModelProto()
         with open(os.path.join(checkpoint, name), "rb") as file:
             model.ParseFromString(file.read())
+        if model.trainer_spec.model_type != model.trainer_spec.UNIGRAM:
+            sys.exit(f"{name} is not a unigram model: transformers.js's Marian tokenizer is one (train with "
+                     "--sentencepiece-model unigram)")
         for piece in model.pieces:
             scores[piece.piece] = max(scores.get(piece.piece, piece.score), piece.score)
-            if piece.type == piece.CONTROL:  # <s>, </s>: SentencePiece's decoding writes nothing for them
+            # <s>, </s>: SentencePiece's decoding writes nothing for them. transformers.js's script marks
+            # the tokenizer's special tokens only, where a run trained here starts decoding from <s>.
+            if piece.type == piece.CONTROL:
                 special.add(piece.piece)
         charsmap = model.normalizer_spec.precompiled_charsmap
     pieces = sorted(vocab.items(), key=lambda item: item[1])
@@ -78,7 +91,7 @@ def write_tokenizer(checkpoint, out):
                                                       "tokens": ["</s>"]}}},
         "decoder": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True},
         "model": {"type": "Unigram", "unk_id": vocab["<unk>"], "byte_fallback": False,
-                  "vocab": [[piece, 0.0 if piece in special else scores.get(piece, 0.0)]
+                  "vocab": [[piece, 0.0 if piece in special else scores.get(piece, -100.0)]
                             for piece, index in pieces]},
     }
     with open(os.path.join(out, "tokenizer.json"), "w", encoding="utf-8") as file:

@@ -63,9 +63,10 @@ def page_packages(page=PAGE):
     """The page's npm packages, installed from `page/package-lock.json` once: their `node_modules` directory.
 
     `page`: the directory with `package.json` and `package-lock.json` (the
-    benchmark's transformers.js page has its own). Kept in `$KERAS_TRANSFORMER_CACHE` (default `~/.cache/keras-transformer`)
-    under the lockfile's digest: a new pin installs afresh. A ValueError of
-    one line where npm is missing or cannot install them.
+    benchmark's transformers.js page has its own). Kept in
+    `$KERAS_TRANSFORMER_CACHE` (default `~/.cache/keras-transformer`) under
+    the lockfile's digest: a new pin installs afresh. A ValueError of one
+    line where npm is missing or cannot install them.
     """
     lockfile = (Path(page) / "package-lock.json").read_bytes()
     cache = Path(os.environ.get("KERAS_TRANSFORMER_CACHE", Path.home() / ".cache" / "keras-transformer"))
@@ -135,7 +136,7 @@ def export_web(service, out_dir, quantization=None, held_out_texts=None):
         with open(Path(directory) / SETTINGS_FILE, encoding="utf-8") as file:
             sides = json.load(file)["tokenizers"].values()
         kinds = sorted({recorded["kind"] for recorded in sides})
-        for package, source, target in VENDORED + [file for kind in kinds for file in VENDORED_TOKENIZERS[kind]]:
+        for package, source, target in VENDORED + [entry for kind in kinds for entry in VENDORED_TOKENIZERS[kind]]:
             path = Path(directory) / "vendor" / target
             path.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(packages / package / source, path)

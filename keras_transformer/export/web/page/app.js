@@ -34,7 +34,7 @@ async function load() {
   const read = {json: fetchJson, bytes: async (path) => new Uint8Array(await (await fetchOk(path)).arrayBuffer())};
   const tokenizers = {};
   for (const [name, recorded] of Object.entries(settings.tokenizers)) {
-    tokenizers[name] = await loadTokenizer(recorded, read);
+    tokenizers[name] = await loadTokenizer(recorded, read, {encodes: name !== "target"});
   }
   return {settings, model, tokenizers};
 }

@@ -1,6 +1,7 @@
 // What SentencePiece's npm build (`@sctg/sentencepiece-js`) imports from Node.js, for a browser: the
 // page's import map names this module for both "fs" and "buffer". Its file reading (`fs`) is for
 // Node.js only and never called here; of `Buffer` it needs one thing, a model's bytes from base64.
+// (The library also sets `globalThis.Buffer` to this object when it loads.)
 
 export const Buffer = {
   from(text, encoding) {

@@ -16,13 +16,15 @@ const ENDS = /^[ \t\n\r\v\f]+|[ \t\n\r\v\f]+$/g;
 const LANGUAGE_CODE = /^>>[\s\S]*?<</;
 
 // One side's tokenizer, `recorded` being its entry in litert.json (`kind`, `directory`, `dropped_ids`).
-export async function loadTokenizer(recorded, read) {
+// `encodes`: whether the page turns text into this side's ids (a translation's target side only decodes:
+// its SentencePiece model is neither downloaded nor started).
+export async function loadTokenizer(recorded, read, {encodes = true} = {}) {
   if (recorded.kind === "wordpiece") {
     const {Tokenizer} = await import("@huggingface/tokenizers");
     const spec = await read.json(`${recorded.directory}/tokenizer.json`);
     return new WordPieceSide(new Tokenizer(spec, {}), recorded.dropped_ids);
   }
-  if (recorded.kind === "sentencepiece") return SentencePieceSide.load(recorded, read);
+  if (recorded.kind === "sentencepiece") return SentencePieceSide.load(recorded, read, encodes);
   throw new Error(`this page cannot read a ${recorded.kind} tokenizer`);
 }
 
@@ -45,14 +47,12 @@ class WordPieceSide {
 }
 
 class SentencePieceSide {
-  static async load(recorded, read) {
-    const {SentencePieceProcessor} = await import("@sctg/sentencepiece-js");
+  static async load(recorded, read, encodes) {
     const directory = recorded.directory;
-    const [settings, vocab, surfaces, model] = await Promise.all([
+    const [settings, vocab, surfaces, processor] = await Promise.all([
       read.json(`${directory}/tokenizer.json`), read.json(`${directory}/vocab.json`),
-      read.json(`${directory}/surfaces.json`), read.bytes(`${directory}/sentencepiece.model`)]);
-    const processor = new SentencePieceProcessor();
-    await processor.loadFromB64StringModel(base64(model));
+      read.json(`${directory}/surfaces.json`),
+      encodes ? read.bytes(`${directory}/sentencepiece.model`).then(sentencePiece) : null]);
     return new SentencePieceSide(processor, settings, vocab, surfaces, recorded.dropped_ids);
   }
 
@@ -67,6 +67,7 @@ class SentencePieceSide {
 
   // A text's ids (a language code's, then its pieces'), unframed.
   pieces(text) {
+    if (!this.processor) throw new Error("this side was loaded to decode only");
     const codeIds = [];
     const code = this.settings.language_code_prefix ? text.match(LANGUAGE_CODE) : null;
     if (code) {
@@ -99,6 +100,14 @@ class SentencePieceSide {
     if (this.settings.strip_trailing_space ?? true) return text.replace(ENDS, "");
     return text.startsWith(" ") ? text.slice(1) : text;
   }
+}
+
+// SentencePiece's processor of a .model file's `bytes`, on its own WebAssembly instance.
+async function sentencePiece(bytes) {
+  const {SentencePieceProcessor} = await import("@sctg/sentencepiece-js");
+  const processor = new SentencePieceProcessor();
+  await processor.loadFromB64StringModel(base64(bytes));
+  return processor;
 }
 
 // `bytes` in base64, as SentencePiece's loader takes a model (in slices: a large model is megabytes).
