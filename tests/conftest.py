@@ -294,3 +294,28 @@ def sentencepiece_run(tmp_path_factory):
 
     directory, _ = built_once(tmp_path_factory, "sentencepiece-run", train)
     return Path(directory) / "run"
+
+
+@pytest.fixture(scope="session")
+def fine_tuned_marian(tmp_path_factory):
+    """The marian-shared-swish fixture imported by `import-hf`, then fine-tuned by `train --init-from` on 160
+    Multi30k pairs, mirrored over the suite's two logical CPUs, once per session: `(imported run, fine-tuned run)`."""
+
+    def build(directory):
+        from helpers import DATA, cli_here
+
+        cli_here("import-hf", Path(__file__).parent / "fixtures" / "pretrained" / "marian-shared-swish",
+                 directory / "imported")
+        english, german = ((DATA / "multi30k" / name).read_text(encoding="utf-8").splitlines()[2000:2160]
+                           for name in ("train.en", "train.de"))
+        pairs = directory / "pairs.tsv"
+        pairs.write_text("".join(f"{source}\t{target}\n" for source, target in zip(english, german)), encoding="utf-8")
+        cli_here("train", "--init-from", directory / "imported", "--dataset", "files", "--train-tsv", pairs,
+                 "--epochs", "2", "--batch-size", "16", "--learning-rate-scale", "0.1", "--warmup-steps", "10",
+                 # Mirrored over the suite's two logical CPUs, as a user's GPUs would be.
+                 "--strategy", "mirrored", "--attention-samples", "0", "--bleu-samples", "0", "--no-evaluate",
+                 "--out", directory / "fine-tuned")
+        return {}
+
+    directory, _ = built_once(tmp_path_factory, "fine-tuned-marian", build)
+    return Path(directory) / "imported", Path(directory) / "fine-tuned"

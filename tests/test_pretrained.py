@@ -455,17 +455,9 @@ def test_the_export_of_an_imported_run_serves_the_same_translations_in_a_fresh_p
 
 
 @pytest.mark.slow
-def test_fine_tuning_an_imported_run_trains_its_weights_with_its_tokenizers(imported_run, tmp_path):
+def test_fine_tuning_an_imported_run_trains_its_weights_with_its_tokenizers(fine_tuned_marian):
     """`train --init-from`: the checkpoint's tokenizers and weights, then a lower loss on the user's pairs."""
-    english, german = ((DATA / "multi30k" / name).read_text(encoding="utf-8").splitlines()[2000:2160]
-                       for name in ("train.en", "train.de"))
-    pairs = tmp_path / "pairs.tsv"
-    pairs.write_text("".join(f"{source}\t{target}\n" for source, target in zip(english, german)), encoding="utf-8")
-    out = tmp_path / "fine-tuned"
-    cli_here("train", "--init-from", imported_run, "--dataset", "files", "--train-tsv", pairs,
-             "--epochs", "2", "--batch-size", "16", "--learning-rate-scale", "0.1", "--warmup-steps", "10",
-             # Mirrored over the suite's two logical CPUs, as a user's GPUs would be.
-             "--strategy", "mirrored", "--attention-samples", "0", "--bleu-samples", "0", "--no-evaluate", "--out", out)
+    imported_run, out = fine_tuned_marian  # 2 epochs on 160 Multi30k pairs, mirrored (conftest.py)
     history = (out / "history.csv").read_text().splitlines()
     columns = history[0].split(",")
     losses = [float(row.split(",")[columns.index("loss")]) for row in history[1:]]

@@ -112,10 +112,9 @@ def test_an_imported_checkpoint_goes_back_tensor_for_tensor_and_translates_the_s
     assert translation.translate(str(back), sentences) == translation.translate(str(run_dir), sentences)
 
 
-@pytest.mark.parametrize("name", ["marian-shared-swish", "nllb-en-de"])
-def test_a_fine_tuned_run_goes_out_with_its_new_weights(name, tmp_path):
-    """Marian's output bias trains; NLLB's checkpoint has none, so ours stays as imported and the run goes back."""
-    imported, tuned, out = tmp_path / "imported", tmp_path / "tuned", tmp_path / "exported"
+def fine_tuned(name, tmp_path):
+    """The checkpoint `name` imported, then fine-tuned by `train --init-from` for 4 steps: the fine-tuned run."""
+    imported, tuned = tmp_path / "imported", tmp_path / "tuned"
     translation.import_checkpoint(str(PRETRAINED / name), str(imported))
     english, german = ((DATA / "multi30k" / name).read_text(encoding="utf-8").splitlines()[3000:3064]
                        for name in ("train.en", "train.de"))
@@ -124,6 +123,16 @@ def test_a_fine_tuned_run_goes_out_with_its_new_weights(name, tmp_path):
     cli_here("train", "--init-from", imported, "--dataset", "files", "--train-tsv", pairs, "--epochs", 1,
              "--steps-per-epoch", 4, "--batch-size", 16, "--warmup-steps", 2, "--attention-samples", 0,
              "--bleu-samples", 0, "--no-evaluate", "--out", tuned)
+    return tuned
+
+
+@pytest.mark.parametrize("name", ["marian-shared-swish", "nllb-en-de"])
+def test_a_fine_tuned_run_goes_out_with_its_new_weights(name, tmp_path, request):
+    """Marian's output bias trains; NLLB's checkpoint has none, so ours stays as imported and the run goes back."""
+    # Marian: the session's fine-tuned run, which test_pretrained's fine-tuning test reads too (conftest.py).
+    tuned = request.getfixturevalue("fine_tuned_marian")[1] if name == "marian-shared-swish" else fine_tuned(
+        name, tmp_path)
+    out = tmp_path / "exported"
     assert (tuned / "pretrained" / "config.json").is_file()  # the checkpoint's files came along
 
     printed = cli_here("export", tuned, out, "--format", "hf").stdout
