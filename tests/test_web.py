@@ -130,9 +130,10 @@ def test_a_sentencepiece_runs_page_translates_held_out_sentences_as_its_litert_f
     answers, requested = answers_of_the_page(out, SENTENCES)
     assert answers == LiteRTModel(out).translate(SENTENCES)
     assert len(set(answers)) > 3  # a model that tells sentences apart
-    # The target side only decodes: its SentencePiece model is not fetched.
-    models = sorted(url.rsplit("/", 2)[1] for url in requested if url.endswith("/sentencepiece.model"))
-    assert models == ["source"], models
+    # Each side fetches what it uses: the source side reads text into ids, the target side writes ids as text.
+    fetched = sorted("/".join(url.rsplit("/", 2)[1:]) for url in requested if "/source/" in url or "/target/" in url)
+    assert fetched == ["source/sentencepiece.model", "source/tokenizer.json", "source/vocab.json",
+                       "target/surfaces.json", "target/tokenizer.json"], fetched
 
 
 # A Node.js script: the page's tokenizers.js, loaded as the page loads it, on each side named on the

@@ -34,7 +34,9 @@ async function load() {
   const read = {json: fetchJson, bytes: async (path) => new Uint8Array(await (await fetchOk(path)).arrayBuffer())};
   const tokenizers = {};
   for (const [name, recorded] of Object.entries(settings.tokenizers)) {
-    tokenizers[name] = await loadTokenizer(recorded, read, {encodes: name !== "target"});
+    // A translation reads the source and writes the target; a classifier only reads; a language model both.
+    const uses = {encodes: name !== "target", decodes: name === "target" || settings.kind === "language_model"};
+    tokenizers[name] = await loadTokenizer(recorded, read, uses);
   }
   return {settings, model, tokenizers};
 }

@@ -16,15 +16,16 @@ const ENDS = /^[ \t\n\r\v\f]+|[ \t\n\r\v\f]+$/g;
 const LANGUAGE_CODE = /^>>[\s\S]*?<</;
 
 // One side's tokenizer, `recorded` being its entry in litert.json (`kind`, `directory`, `dropped_ids`).
-// `encodes`: whether the page turns text into this side's ids (a translation's target side only decodes:
-// its SentencePiece model is neither downloaded nor started).
-export async function loadTokenizer(recorded, read, {encodes = true} = {}) {
+// `encodes`, `decodes`: whether the page turns text into this side's ids, and ids into text. A SentencePiece
+// side fetches only what it uses: a translation's source side no surfaces.json, its target side no model
+// (which is neither downloaded nor started) and no vocab.json, each megabytes for a large vocabulary.
+export async function loadTokenizer(recorded, read, {encodes = true, decodes = true} = {}) {
   if (recorded.kind === "wordpiece") {
     const {Tokenizer} = await import("@huggingface/tokenizers");
     const spec = await read.json(`${recorded.directory}/tokenizer.json`);
     return new WordPieceSide(new Tokenizer(spec, {}), recorded.dropped_ids);
   }
-  if (recorded.kind === "sentencepiece") return SentencePieceSide.load(recorded, read, encodes);
+  if (recorded.kind === "sentencepiece") return SentencePieceSide.load(recorded, read, encodes, decodes);
   throw new Error(`this page cannot read a ${recorded.kind} tokenizer`);
 }
 
@@ -47,11 +48,12 @@ class WordPieceSide {
 }
 
 class SentencePieceSide {
-  static async load(recorded, read, encodes) {
+  static async load(recorded, read, encodes, decodes) {
     const directory = recorded.directory;
     const [settings, vocab, surfaces, processor] = await Promise.all([
-      read.json(`${directory}/tokenizer.json`), read.json(`${directory}/vocab.json`),
-      read.json(`${directory}/surfaces.json`),
+      read.json(`${directory}/tokenizer.json`),
+      encodes ? read.json(`${directory}/vocab.json`) : [],
+      decodes ? read.json(`${directory}/surfaces.json`) : null,
       encodes ? read.bytes(`${directory}/sentencepiece.model`).then(sentencePiece) : null]);
     return new SentencePieceSide(processor, settings, vocab, surfaces, recorded.dropped_ids);
   }
@@ -95,6 +97,7 @@ class SentencePieceSide {
 
   // The text of a row of ids: each kept id's surface, the ends trimmed as the checkpoint's tokenizer trims them.
   text(ids) {
+    if (!this.surfaces) throw new Error("this side was loaded to encode only");
     const text = ids.filter((id) => id >= 0 && id < this.surfaces.length && !this.dropped.has(id))
       .map((id) => this.surfaces[id]).join("");
     if (this.settings.strip_trailing_space ?? true) return text.replace(ENDS, "");
