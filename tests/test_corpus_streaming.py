@@ -219,7 +219,7 @@ def test_train_on_gzipped_shards_skips_bad_lines_in_one_line_and_a_rerun_reads_t
     common = ["--dataset", "files", "--train-source", str(tmp_path / "train.*.en.gz"),
               "--train-target", str(tmp_path / "train.*.de.gz"), "--out", str(run), "--vocab-size", "60",
               "--max-length", "12", "--batch-size", "4", *TINY_MODEL, "--attention-samples", "0",
-              "--bleu-samples", "0", "--vocab-sample", "20", "--strategy", "none", "--no-evaluate"]
+              "--bleu-samples", "0", "--vocab-sample", "20", "--no-evaluate"]
     # In this process: its log lines come on the command's stderr as in a new one.
     first = cli_here("train", *common, "--epochs", "1")
     report = [line for line in first.stderr.splitlines() if "lines skipped" in line]

@@ -21,11 +21,10 @@ from helpers import CLI, ENV, TINY_MODEL, cli, cli_here
 from keras_transformer import cli as command_line
 from keras_transformer.runs import run_dir, translation
 
-# One device (the test process has two logical CPUs, where "auto" would mirror): the same
-# training in this process (`cli_here`) and in a new one (`cli`, the kill tests).
+# The same training in this process (`cli_here`) and in a new one (`cli`, the kill tests): one device.
 SMALL_RUN = [
     "--dataset", "demo", "--limit-train", "1500", "--limit-val", "20", "--no-evaluate", "--tokens-per-batch", "1024",
-    "--attention-samples", "0", "--warmup-steps", "50", "--strategy", "none", *TINY_MODEL,
+    "--attention-samples", "0", "--warmup-steps", "50", *TINY_MODEL,
 ]
 
 

@@ -170,6 +170,10 @@ def test_the_loss_is_exact_under_two_replicas_for_a_model_without_a_keras_mask(m
 
 def test_strategy_and_precision_names():
     assert training.make_strategy("none").num_replicas_in_sync == 1
+    # This process has two logical CPUs on the same cores: "auto" mirrors over them only when asked for replicas.
+    assert training.make_strategy("auto").num_replicas_in_sync == 1
+    assert training.make_strategy("auto", cpu_replicas=2).num_replicas_in_sync == 2
+    assert training.make_strategy("mirrored").num_replicas_in_sync == 2
     with pytest.raises(ValueError, match="strategy must be one of"):
         training.make_strategy("parameter_server")
     with pytest.raises(ValueError, match="precision must be one of"):
