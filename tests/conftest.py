@@ -286,8 +286,8 @@ def sentencepiece_run(tmp_path_factory):
             "train", "--dataset", "demo", "--out", directory / "run", "--tokenizer", "sentencepiece",
             "--sentencepiece-model", "bpe", "--vocab-size", 500, "--shared-vocab", "--epochs", 1,
             "--steps-per-epoch", 100, "--warmup-steps", 100, "--limit-train", 3000, "--limit-val", 20,
-            "--cpu-replicas", 2, "--strategy", "mirrored", "--num-layers", 2, "--d-model", 64, "--num-heads", 2,
-            "--d-ff", 128, "--attention-samples", 0, "--precision", "float32", "--ema-momentum", 0.9,
+            "--num-layers", 2, "--d-model", 64, "--num-heads", 2, "--d-ff", 128, "--attention-samples", 0,
+            "--precision", "float32", "--ema-momentum", 0.9,
             "--no-evaluate",  # test_sentencepiece_run evaluates the run itself
         )
         return {}
