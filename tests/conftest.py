@@ -128,21 +128,20 @@ def built_once(tmp_path_factory, name, build):
 def trained_demo_run(tmp_path_factory):
     """A small translator trained by the `train` command on the demo corpus, once per session.
 
-    Two replicas under MirroredStrategy, float32; a minute of training is enough for
-    translations that differ from sentence to sentence. Shared by the CLI,
-    export, CTranslate2 and explorer tests (read-only: a test that writes into
-    it works on a copy). Returns `(run_directory, train_stdout)`.
+    One device, float32 (`fine_tuned_marian` proves the command mirrored); half a
+    minute of training is enough for translations that differ from sentence to
+    sentence. Shared by the CLI, export, CTranslate2, LiteRT and explorer tests
+    (read-only: a test that writes into it works on a copy). Returns
+    `(run_directory, train_stdout)`.
     """
 
     def train(directory):
         from helpers import cli_here
 
-        # In this process: --cpu-replicas 2 finds the CPU already split (above), and the command
-        # shares the session's MirroredStrategy.
         result = cli_here(
             "train", "--dataset", "demo", "--out", directory / "demo", "--epochs", 1, "--steps-per-epoch", 100,
-            "--warmup-steps", 100, "--limit-train", 3000, "--limit-val", 40, "--cpu-replicas", 2,
-            "--strategy", "mirrored", "--num-layers", 2, "--d-model", 64, "--num-heads", 2, "--d-ff", 128,
+            "--warmup-steps", 100, "--limit-train", 3000, "--limit-val", 40,
+            "--num-layers", 2, "--d-model", 64, "--num-heads", 2, "--d-ff", 128,
             # One sample's attention maps: drawing each sample's heatmaps at the end takes seconds.
             "--attention-samples", 1,
             # float32 on every CPU: CTranslate2 (float32 on a CPU) must translate exactly as it does.

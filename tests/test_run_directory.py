@@ -21,10 +21,11 @@ from helpers import CLI, ENV, TINY_MODEL, cli, cli_here
 from keras_transformer import cli as command_line
 from keras_transformer.runs import run_dir, translation
 
-# The same training in this process (`cli_here`) and in a new one (`cli`, the kill tests): one device.
+# The same training in this process (`cli_here`) and in a new one (`cli`, the kill tests): one device, and
+# no attention maps or BLEU samples each epoch (the TensorBoard tests prove those).
 SMALL_RUN = [
     "--dataset", "demo", "--limit-train", "1500", "--limit-val", "20", "--no-evaluate", "--tokens-per-batch", "1024",
-    "--attention-samples", "0", "--warmup-steps", "50", *TINY_MODEL,
+    "--attention-samples", "0", "--bleu-samples", "0", "--warmup-steps", "50", *TINY_MODEL,
 ]
 
 

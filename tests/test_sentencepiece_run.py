@@ -1,7 +1,7 @@
 """A translation run trained here on a SentencePiece vocabulary: it trains, translates, evaluates and exports."""
 
 import pytest
-from helpers import cli, cli_here
+from helpers import cli_here
 
 from keras_transformer.data import demo_corpus
 from keras_transformer.runs import translation
@@ -17,17 +17,17 @@ def test_a_sentencepiece_run_translates_alike_through_the_run_and_every_export(s
     # One model for both sides, saved per side: the source framed without <s>, as Marian frames it.
     assert (run / "vocab" / "source" / "sentencepiece.model").read_bytes() == (
         run / "vocab" / "target" / "sentencepiece.model").read_bytes()
-    ours = translation.translate(str(run), SENTENCES)
-    assert len(set(ours)) > 3  # a model that tells sentences apart
+    greedy = translation.translate(str(run), SENTENCES, beam_size=1)
+    assert len(set(greedy)) > 3  # a model that tells sentences apart
 
     exports = {"saved_model": tmp_path / "saved_model", "ctranslate2": tmp_path / "ct2", "litert": tmp_path / "lite"}
     translation.export(str(run), str(exports["saved_model"]), beam_size=1)
     translation.export_ctranslate2(str(run), str(exports["ctranslate2"]), beam_size=1)
     translation.export_litert(str(run), str(exports["litert"]), beam_size=1)
-    greedy = translation.translate(str(run), SENTENCES, beam_size=1)
     for road, path in exports.items():
-        # Each export read in a fresh process, as a user's command reads it.
-        printed = cli("translate", f"--{road.replace('_', '-')}", path, *SENTENCES).stdout.split("\n")[:-1]
+        # The user's command on each export, in this process (a SentencePiece SavedModel in a fresh process
+        # that imports only TensorFlow and tensorflow-text: test_pretrained.py, on an imported Marian run).
+        printed = cli_here("translate", f"--{road.replace('_', '-')}", path, *SENTENCES).stdout.split("\n")[:-1]
         assert printed == greedy, road
 
     evaluated = cli_here("evaluate", run, "--beam-size", 1).stdout
