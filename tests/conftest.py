@@ -38,13 +38,14 @@ LONGEST_FILES = {
     "tensorflow": (
         "test_litert.py",
         "test_multi_worker.py",
-        "test_export.py",
+        "test_pretrained.py",
         "test_search.py",
         "test_run_directory.py",
-        "test_pretrained.py",
-        "test_pretraining.py",
-        "test_attention_explorer.py",
-        "test_language_model_export.py",
+        "test_publish.py",
+        "test_ctranslate2.py",
+        "test_export.py",
+        "test_sentencepiece_run.py",
+        "test_web.py",
     ),
     # `make test`'s second part: the layer and model files on JAX.
     "jax": ("test_transformer.py", "test_attention.py", "test_layers.py", "test_classifier.py"),
@@ -142,8 +143,9 @@ def trained_demo_run(tmp_path_factory):
             "train", "--dataset", "demo", "--out", directory / "demo", "--epochs", 1, "--steps-per-epoch", 100,
             "--warmup-steps", 100, "--limit-train", 3000, "--limit-val", 40,
             "--num-layers", 2, "--d-model", 64, "--num-heads", 2, "--d-ff", 128,
-            # One sample's attention maps: drawing each sample's heatmaps at the end takes seconds.
-            "--attention-samples", 1,
+            # One sample's attention maps (drawing each sample's heatmaps at the end takes seconds); no
+            # per-epoch BLEU samples, which no test reads (test_tensorboard.py proves them).
+            "--attention-samples", 1, "--bleu-samples", 0,
             # float32 on every CPU: CTranslate2 (float32 on a CPU) must translate exactly as it does.
             "--precision", "float32",
             # The demo recipe averages its weights over ~100 steps (ema_momentum 0.99): over 100 steps in
@@ -232,20 +234,23 @@ def litert_exports(trained_demo_run, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def classifier_exports(tmp_path_factory):
-    """A tiny lowercasing classifier trained on 400 labelled reviews by the console script, and its LiteRT
+    """A tiny lowercasing classifier trained on 400 labelled reviews by `train-classifier`, and its LiteRT
     exports (float32): `litert` (by the console script) and `builtin` (`--ops builtin`). Returns the
     directory and what the commands printed (`train_stdout`, and the export's `stdout`, `stderr`)."""
 
     def train(directory):
-        from helpers import ENV, cli
+        from helpers import ENV, cli_here
         from test_classifier_run import write_reviews
 
         from keras_transformer.runs import classification
 
         write_reviews(directory / "reviews.csv", 400, seed=0)
-        trained = cli("train-classifier", "--dataset", f"csv:{directory / 'reviews.csv'}", "--out", directory / "run",
-            "--epochs", 1, "--vocab-size", 80, "--num-layers", 1, "--d-model", 16, "--num-heads", 2, "--d-ff", 32,
-            "--max-length", 16, "--projector-samples", 10)
+        # In this process; no attention or projector samples each epoch, which no test of it reads
+        # (test_classifier_run.py and test_attention_explorer.py prove them).
+        trained = cli_here("train-classifier", "--dataset", f"csv:{directory / 'reviews.csv'}", "--out",
+                           directory / "run", "--epochs", 1, "--vocab-size", 80, "--num-layers", 1, "--d-model", 16,
+                           "--num-heads", 2, "--d-ff", 32, "--max-length", 16, "--attention-samples", 0,
+                           "--projector-samples", 0)
         # The command a user runs (the installed console script), in a process of its own: what it
         # prints is proved below.
         exported = subprocess.run([str(Path(sys.executable).with_name("keras-transformer")), "export",

@@ -132,7 +132,7 @@ def test_a_wrong_corpus_to_also_train_on_is_refused_before_the_run_starts():
 def test_the_train_classifier_command(classifier_exports, tmp_path):
     from helpers import cli_here as cli
 
-    directory, printed = classifier_exports  # trained by the console script on 400 reviews
+    directory, printed = classifier_exports  # trained by the command on 400 reviews
     trained = printed["train_stdout"]
     assert "validation accuracy" in trained and f"run directory: {directory / 'run'}" in trained
     metrics = json.loads((directory / "run" / "metrics.json").read_text())

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import built_once
-from helpers import DOCUMENT, ENV, check_one_answer_per_line, cli, cli_here
+from helpers import DOCUMENT, ENV, check_one_answer_per_line, cli_here
 
 from keras_transformer.data import demo_corpus
 from keras_transformer.export import litert
@@ -252,10 +252,11 @@ def test_the_command_line_exports_translates_without_tensorflow_and_refuses_an_e
          "print('tensorflow' in sys.modules)"],
         capture_output=True, text=True, env=ENV, timeout=300, check=True)
     assert probe.stdout.splitlines()[-1] == "False"
-    refused = cli("export", run, exports / "greedy", "--format", "litert", check=False)
+    refused = cli_here("export", run, exports / "greedy", "--format", "litert", check=False)
     assert refused.returncode == 2
     assert refused.stderr.splitlines()[-1].startswith("keras-transformer: error: ") and "already exists" in refused.stderr
-    refused = cli("export", run, tmp_path / "new", "--format", "litert", "--quantization", "bfloat16", check=False)
+    refused = cli_here("export", run, tmp_path / "new", "--format", "litert", "--quantization", "bfloat16",
+                       check=False)
     assert refused.returncode == 2 and "must be one of" in refused.stderr and not (tmp_path / "new").exists()
 
 
@@ -514,6 +515,7 @@ def test_a_tokenizer_litert_cannot_run_is_refused_in_one_line(tmp_path):
 # `keep_freed_memory_for_reuse` every allocation of it faults its pages in anew.
 _FAULTS_OF_A_SECOND_BLOCK = r"""
 import ctypes, resource, sys
+sys.argv[0] = "keras-transformer"  # the package as the command imports it: no Keras layers (no TensorFlow) yet
 from keras_transformer.on_device import keep_freed_memory_for_reuse
 if sys.argv[1] == "keep":
     keep_freed_memory_for_reuse()

@@ -12,6 +12,9 @@ from keras_transformer import text
 from keras_transformer.data import mask_tokens
 
 FIRST_WORD, MASK_ID, VOCAB = 6, 5, 500
+# The classifier trainings here are read for their weights and vocabulary: no attention or [CLS] samples
+# each epoch (test_classifier_run.py proves those).
+NO_SAMPLES = ["--attention-samples", "0", "--projector-samples", "0"]
 
 
 def test_masking_hides_a_share_of_real_words_and_labels_only_them():
@@ -122,7 +125,8 @@ def test_pretrain_then_a_classifier_starts_from_its_encoder(tmp_path, capsys):
     # A vanishing learning rate: the classifier's encoder stays what pre-training left.
     classifier_run = tmp_path / "classifier"
     assert cli.main(["train-classifier", *corpus, "--max-length", "16", "--batch-size", "32", "--epochs", "1",
-                     "--learning-rate-scale", "1e-9", "--init-from", str(pretrained), "--out", str(classifier_run)]) == 0
+                     "--learning-rate-scale", "1e-9", "--init-from", str(pretrained), *NO_SAMPLES,
+                     "--out", str(classifier_run)]) == 0
     assert (classifier_run / "vocab" / "vocab.txt").read_text(encoding="utf-8").splitlines() == vocab
     classifier = classification.Classifier(str(classifier_run))
     assert classifier.model.d_model == 32 and classifier.model.num_layers == 1
@@ -163,7 +167,7 @@ def test_a_classifier_starts_from_another_classifiers_encoder(tmp_path, capsys):
     for name, count, seed in (("first.csv", 300, 0), ("second.csv", 200, 2), ("val.csv", 60, 1)):
         write_reviews(tmp_path / name, count, seed=seed)
     tiny = ["--vocab-size", "120", "--num-layers", "1", "--d-model", "32", "--num-heads", "2", "--d-ff", "64",
-            "--batch-size", "32", "--warmup-steps", "30", "--epochs", "1"]
+            "--batch-size", "32", "--warmup-steps", "30", "--epochs", "1", *NO_SAMPLES]
     first = tmp_path / "first"
     assert cli.main(["train-classifier", "--dataset", f"csv:{tmp_path / 'first.csv'}", "--val-csv",
                      str(tmp_path / "val.csv"), *tiny, "--max-length", "24", "--pooling", "attention",
@@ -172,7 +176,7 @@ def test_a_classifier_starts_from_another_classifiers_encoder(tmp_path, capsys):
     second = tmp_path / "second"
     assert cli.main(["train-classifier", "--dataset", f"csv:{tmp_path / 'second.csv'}", "--val-csv",
                      str(tmp_path / "val.csv"), "--max-length", "16", "--batch-size", "32", "--epochs", "1",
-                     "--learning-rate-scale", "1e-9", "--dropout", "0.3", "--init-from", str(first),
+                     "--learning-rate-scale", "1e-9", "--dropout", "0.3", "--init-from", str(first), *NO_SAMPLES,
                      "--out", str(second)]) == 0
     assert (second / "vocab" / "vocab.txt").read_bytes() == (first / "vocab" / "vocab.txt").read_bytes()
     classifier = classification.Classifier(str(second))
