@@ -162,15 +162,17 @@ def test_a_document_comes_out_of_ctranslate2_with_as_many_lines_each_translated_
 
 
 @pytest.mark.slow
-def test_a_mixed_bfloat16_run_translates_through_ctranslate2_as_through_the_run(trained_bfloat16_demo_run, tmp_path):
-    """Every inference road computes in float32 by default, whatever the run trained in (docs/serving.md)."""
+def test_a_mixed_bfloat16_run_translates_through_ctranslate2_as_through_the_run(sentencepiece_run, tmp_path):
+    """Every inference road computes in float32 by default, whatever the run trained in (docs/serving.md).
+
+    The session's SentencePiece run, trained in mixed bfloat16 (conftest.py)."""
     import zipfile
 
     from helpers import cli_here as cli
     from keras_transformer.data import demo_corpus
     from keras_transformer.runs import translation
 
-    run = trained_bfloat16_demo_run
+    run = sentencepiece_run
     # The run trained, and saved its model, in mixed bfloat16 ...
     assert json.loads((run / "config.json").read_text())["training"]["precision_chosen"] == "mixed_bfloat16"
     with zipfile.ZipFile(run / "model.keras") as archive:
@@ -185,8 +187,8 @@ def test_a_mixed_bfloat16_run_translates_through_ctranslate2_as_through_the_run(
         np.testing.assert_array_equal(ours.numpy(), saved.numpy())
     keras.config.set_dtype_policy("float32")
 
-    # In bfloat16 this run's greedy translations of these sentences are not all CTranslate2's (on an AMD
-    # EPYC with AVX-512 BF16, 1 of the first 10 and 6 of the first 100 differed); in float32 they are.
+    # Computed in bfloat16, a run's greedy translations are not all CTranslate2's (a WordPiece demo run's on an
+    # AMD EPYC with AVX-512 BF16: 1 of the first 10 and 6 of the first 100 differed); in float32 they are.
     sources = "\n".join(source for source, _ in demo_corpus()["val"][:20]) + "\n"
     out = tmp_path / "ct2"
     cli("export", run, out, "--format", "ctranslate2")
