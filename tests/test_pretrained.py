@@ -335,26 +335,15 @@ def test_an_m2m100_run_translates_into_the_language_it_is_told(m2m100_run):
 
 
 @pytest.mark.slow
-def test_an_m2m100_export_serves_every_language_pair_in_a_fresh_process(m2m100_run, tmp_path):
+def test_an_m2m100_export_serves_every_language_pair_in_a_fresh_process(m2m100_run, served_exports):
     """`translate_between`, in a process with TensorFlow and tensorflow-text alone, as the run in this one."""
-    want, _ = expected("m2m100-en-de")
-    # Greedy: beam search's first tokens per text are the in-process tests' (above); this is about serving.
-    cli_here("export", m2m100_run, tmp_path / "export", "--beam-size", "1")
-    assert "languages" in json.loads((tmp_path / "export" / "1" / "assets.extra" / "translator.json").read_text())
-    texts = want["sources"][:3] + [""]
-    sources, targets = ["en", "en", "de", "en"], ["de", "fr", "en", "es"]
+    exported, translations, answers = served_exports["m2m100"]
+    assert "languages" in json.loads((exported / "assets.extra" / "translator.json").read_text())
+    inputs = M2M100_REQUEST["inputs"]
     translator = translation.load_translator(str(m2m100_run), beam_size=1)
-    in_process = translator.translate_between(tf.constant(texts), tf.constant(sources),
-                                              tf.constant(targets))["translation"].numpy()
-    # The other signatures' malformed requests go to the Marian run's export (above).
-    request = {"signature": "translate_between", "fuzz": ["translate_between"],
-               "inputs": {"text": texts, "source_language": sources, "target_language": targets}}
-    report = tmp_path / "report.json"
-    result = run([sys.executable, "-c", FRESH_PROCESS, tmp_path / "export" / "1", json.dumps(request), report,
-                  Path(__file__).parent], check=False)
-    assert_it_lived(result)
-    assert json.loads(result.stdout.splitlines()[0]) == [text.decode() for text in in_process]
-    answers = json.loads(report.read_text())
+    in_process = translator.translate_between(tf.constant(inputs["text"]), tf.constant(inputs["source_language"]),
+                                              tf.constant(inputs["target_language"]))["translation"].numpy()
+    assert translations == [text.decode() for text in in_process]
     assert {answer["signature"] for answer in answers} == {"translate_between"}
     named = {answer["answer"] for answer in answers if not answer["request"].startswith("random")}
     assert named == {"InvalidArgumentError"}
@@ -418,38 +407,59 @@ def test_a_language_the_model_lacks_or_a_code_count_unlike_the_texts_is_refused(
                                          tf.constant(targets, tf.string))
 
 
+# One fresh process for the exports below (each TensorFlow start costs seconds): for each, the request's
+# translations on a "translations:" line, then the malformed-request fuzz (which prints its requests) into its report.
 FRESH_PROCESS = r"""
 import json, sys
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  registers the SentencePiece ops, as tensorflow_model_server does
 
-export_dir, request_json, report_path, tests_dir = sys.argv[1:5]
-loaded = tf.saved_model.load(export_dir)
-request = json.loads(request_json)
-served = loaded.signatures[request["signature"]](**{name: tf.constant(value) for name, value in request["inputs"].items()})
-print(json.dumps([text.decode() for text in served["translation"].numpy()]))
-sys.stdout.flush()
+jobs_json, tests_dir = sys.argv[1:3]
 sys.path.insert(0, tests_dir)
 import malformed_requests  # noqa: E402
-malformed_requests.main(export_dir, 0, 20, report_path, request.get("fuzz"), loaded=loaded)
+for export_dir, request, report_path in json.loads(jobs_json):
+    loaded = tf.saved_model.load(export_dir)
+    inputs = {name: tf.constant(value) for name, value in request["inputs"].items()}
+    served = loaded.signatures[request["signature"]](**inputs)
+    print("translations:", json.dumps([text.decode() for text in served["translation"].numpy()]))
+    sys.stdout.flush()
+    malformed_requests.main(export_dir, 0, 20, report_path, request.get("fuzz"), loaded=loaded)
 assert "keras_transformer" not in sys.modules
 """
 
+MARIAN_SENTENCES = expected("marian-shared-swish")[0]["sources"][:6] + ["", NON_ASCII]
+# Greedy: beam search's first tokens per text are the in-process tests' (above); this is about serving. The
+# other signatures' malformed requests go to the Marian run's export.
+M2M100_REQUEST = {"signature": "translate_between", "fuzz": ["translate_between"], "inputs": {
+    "text": expected("m2m100-en-de")[0]["sources"][:3] + [""],
+    "source_language": ["en", "en", "de", "en"], "target_language": ["de", "fr", "en", "es"]}}
+
+
+@pytest.fixture(scope="module")
+def served_exports(imported_run, m2m100_run, tmp_path_factory):
+    """The Marian run's export (its beam 4) and the M2M100 run's (greedy), made by `export` and served by one
+    process with TensorFlow and tensorflow-text alone: `{name: (version directory, translations, fuzz report)}`."""
+    directory = tmp_path_factory.mktemp("served")
+    jobs = {"marian": (imported_run, [], {"signature": "serving_default", "inputs": {"text": MARIAN_SENTENCES}}),
+            "m2m100": (m2m100_run, ["--beam-size", "1"], M2M100_REQUEST)}
+    for name, (run_dir, options, _) in jobs.items():
+        cli_here("export", run_dir, directory / name, *options)
+    arguments = [[str(directory / name / "1"), request, str(directory / f"{name}.json")]
+                 for name, (_, _, request) in jobs.items()]
+    result = run([sys.executable, "-c", FRESH_PROCESS, json.dumps(arguments), Path(__file__).parent], check=False)
+    assert_it_lived(result)
+    printed = [line.removeprefix("translations: ") for line in result.stdout.splitlines()
+               if line.startswith("translations: ")]
+    return {name: (directory / name / "1", json.loads(printed[index]), json.loads((directory / f"{name}.json").read_text()))
+            for index, name in enumerate(jobs)}
+
 
 @pytest.mark.slow
-def test_the_export_of_an_imported_run_serves_the_same_translations_in_a_fresh_process(
-        imported_run, beam_translations, tmp_path):
-    want, _ = expected("marian-shared-swish")
-    sentences = want["sources"][:6] + ["", NON_ASCII]
-    cli_here("export", imported_run, tmp_path / "export")
-    in_process = [beam_translations[sentence] if sentence else "" for sentence in sentences]  # "" in, "" out
-    report = tmp_path / "report.json"
-    request = {"signature": "serving_default", "inputs": {"text": sentences}}
-    result = run([sys.executable, "-c", FRESH_PROCESS, tmp_path / "export" / "1", json.dumps(request), report,
-                  Path(__file__).parent], check=False)
-    assert_it_lived(result)
-    assert json.loads(result.stdout.splitlines()[0]) == in_process
-    answers = json.loads(report.read_text())
+def test_the_export_of_an_imported_run_serves_the_same_translations_in_a_fresh_process(beam_translations,
+                                                                                        served_exports):
+    _, translations, answers = served_exports["marian"]
+    in_process = [beam_translations[sentence] if sentence else "" for sentence in MARIAN_SENTENCES]  # "" in, "" out
+    assert translations == in_process
     assert {answer["answer"] for answer in answers if not answer["request"].startswith("random")} == {
         "InvalidArgumentError"}
 
