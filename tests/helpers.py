@@ -85,13 +85,6 @@ def run(command, input=None, check=True, timeout=600):
     return result
 
 
-def malformed_requests(version, seed, count, report_path):
-    """Run `malformed_requests.py` on an export version in a fresh process; its answers, or a failure naming the request that killed it."""
-    script = Path(__file__).with_name("malformed_requests.py")
-    assert_it_lived(run([sys.executable, script, version, seed, count, report_path], check=False))
-    return json.loads(Path(report_path).read_text())
-
-
 def assert_it_lived(result):
     """A process that took the malformed requests ended well, or a failure naming the request that killed it.
 

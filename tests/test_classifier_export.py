@@ -12,13 +12,14 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import EXPORT_OPS, malformed_requests, run
+from helpers import EXPORT_OPS, assert_it_lived, run
 from keras_transformer.data import make_classification_batches
 from keras_transformer.export import export_classifier, load_export
 from keras_transformer.models import TransformerClassifier
@@ -53,11 +54,12 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  registers the WordPiece ops, as tensorflow_model_server does
 
-export_dir, texts_json, out_path = sys.argv[1:4]
+export_dir, texts_json, out_path, report_path, tests_dir = sys.argv[1:6]
 """ + EXPORT_OPS + r"""
 
 texts = tf.constant([base64.b64decode(text) for text in json.loads(texts_json)], tf.string)
-serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+loaded = tf.saved_model.load(export_dir)
+serve = loaded.signatures["serving_default"]
 
 first = serve(text=texts)
 malformed = {
@@ -85,6 +87,12 @@ np.savez(
     refusals=np.array(json.dumps(refusals)),
     **export_facts(),
 )
+
+# Then the translator's fuzz through both loaders, in the same process: one start for both proofs.
+sys.path.insert(0, tests_dir)
+import malformed_requests  # noqa: E402  (TensorFlow, tensorflow-text and NumPy only)
+
+malformed_requests.main(export_dir, 1, 60, report_path, loaded=loaded)
 """
 
 
@@ -135,6 +143,19 @@ def exported(tmp_path_factory):
     return model, tokenizer, export_base, records.messages
 
 
+@pytest.fixture(scope="session")
+def served(exported, tmp_path_factory):
+    """The export in one fresh process with only TensorFlow and tensorflow-text: its answers (`.npz`), then the
+    malformed-request fuzz's report."""
+    _, _, export_base, _ = exported
+    directory = tmp_path_factory.mktemp("served")
+    encoded = json.dumps([base64.b64encode(t if isinstance(t, bytes) else t.encode()).decode() for t in TEXTS])
+    out, report = directory / "served.npz", directory / "report.json"
+    assert_it_lived(run([sys.executable, "-c", FRESH_PROCESS, export_base / "1", encoded, out, report,
+                         Path(__file__).parent], check=False))
+    return np.load(out, allow_pickle=True), json.loads(report.read_text())  # byte strings come as object arrays
+
+
 def in_process(model, tokenizer, texts):
     """What the model in this process says about `texts`, on the ids the training pipeline makes."""
     ids = tokenizer.tokenize_with_cls(tf.constant(texts, tf.string), MAX_LENGTH)
@@ -143,8 +164,8 @@ def in_process(model, tokenizer, texts):
 
 
 @pytest.mark.slow
-def test_a_fresh_process_with_only_tensorflow_classifies_as_the_model_does(exported, tmp_path):
-    model, tokenizer, export_base, logged = exported
+def test_a_fresh_process_with_only_tensorflow_classifies_as_the_model_does(exported, served):
+    model, tokenizer, _, logged = exported
     ids, probabilities, embedding = in_process(model, tokenizer, TEXTS)
     assert ids.shape[1] == MAX_LENGTH and (ids[:, 0] == tokenizer.vocab.index("[CLS]")).all()
     # No screen of "Function `serve` contains input name(s) ... with unsupported characters"
@@ -152,10 +173,7 @@ def test_a_fresh_process_with_only_tensorflow_classifies_as_the_model_does(expor
     assert any("Assets written to" in message for message in logged), logged
     assert not [message for message in logged if "unsupported characters" in message], logged
 
-    encoded = json.dumps([base64.b64encode(t if isinstance(t, bytes) else t.encode()).decode() for t in TEXTS])
-    out = tmp_path / "served.npz"
-    run([sys.executable, "-c", FRESH_PROCESS, export_base / "1", encoded, out])
-    served = np.load(out, allow_pickle=True)  # byte strings come as object arrays
+    served, _ = served
     assert list(served["modules"]) == [], "the fresh process must not need keras_transformer"
     assert list(served["unregistered"]) == [], "ops that TensorFlow + tensorflow-text do not register"
     assert not {"PyFunc", "EagerPyFunc", "PyFuncStateless"} & set(served["op_types"])
@@ -197,11 +215,9 @@ def test_load_export_and_the_settings_beside_the_export(exported):
 
 
 @pytest.mark.slow
-def test_malformed_and_random_requests_through_both_loaders(exported, tmp_path):
+def test_malformed_and_random_requests_through_both_loaders(served):
     """The translator's fuzzing script, on the classifier's one signature; the process must survive."""
-    _, _, export_base, _ = exported
-    report_path = tmp_path / "report.json"
-    report = malformed_requests(export_base / "1", 1, 60, report_path)
+    _, report = served  # the fuzz ran in the fresh process of `served`, after its answers
 
     assert {answer["signature"] for answer in report} == {"serving_default"}
     named = [answer for answer in report if not answer["request"].startswith("random")]
