@@ -10,7 +10,6 @@ outputs).
 
 import contextlib
 import io
-import json
 import logging
 import os
 import subprocess
