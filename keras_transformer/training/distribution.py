@@ -72,7 +72,7 @@ def make_strategy(name="auto", cpu_replicas=None, cluster_timeout=None):
     if gpus and (name == "mirrored" or len(gpus) > 1):
         return mirrored_strategy(tuple(gpu.name for gpu in gpus))
     # Logical CPU devices share the same cores: mirroring over them is for trying a strategy out, never
-    # faster, so "auto" does it only when asked for replicas (or the CPU was split in this process by them).
+    # faster, so "auto" does it only when `cpu_replicas` asks for replicas.
     cpus = tf.config.list_logical_devices("CPU")
     if name == "mirrored" or (cpu_replicas or 0) > 1:
         return mirrored_strategy(tuple(cpu.name for cpu in cpus))
