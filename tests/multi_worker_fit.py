@@ -3,8 +3,8 @@
     python tests/multi_worker_fit.py OUT.npz [--strategy none|multi-worker] [--shards RUN_DIR OUT.json]
 
 Trains a fixed number of steps on fixed global batches (no dropout) and
-saves the weights and the history: run alone and as two workers, the
-results must agree. With `--shards`, a worker then writes the pairs its
+saves the weights and the history: trained alone (`train`, in the test's
+process) and as two workers, the results must agree. With `--shards`, a worker then writes the pairs its
 batches held (`multi_worker_shards.py`), so that one cluster start serves
 both checks. Used by tests/test_multi_worker.py.
 """
@@ -40,6 +40,14 @@ def main():
     parser.add_argument("--shards", nargs=2, metavar=("RUN_DIR", "OUT"))
     arguments = parser.parse_args()
     strategy = kt.training.make_strategy(arguments.strategy, cluster_timeout=120)
+    weights, history = train(strategy)
+    np.savez(arguments.out, history=json.dumps(history), **weights)
+    if arguments.shards:
+        write_pairs_seen(strategy, *arguments.shards)
+
+
+def train(strategy):
+    """`({variable path without the model's name: trained value}, fit's history)`, under `strategy`."""
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model = kt.models.Transformer(
@@ -52,10 +60,9 @@ def main():
             metrics=[kt.training.MaskedAccuracy()],
         )
     history = model.fit(batches(), epochs=2, validation_data=batches(), verbose=0)
-    weights = {variable.path: keras.ops.convert_to_numpy(variable) for variable in model.trainable_variables}
-    np.savez(arguments.out, history=json.dumps(history.history), **weights)
-    if arguments.shards:
-        write_pairs_seen(strategy, *arguments.shards)
+    # The model's own name differs from process to process (transformer, transformer_1, ...).
+    return ({variable.path.split("/", 1)[1]: keras.ops.convert_to_numpy(variable) for variable in model.trainable_variables},
+            history.history)
 
 
 if __name__ == "__main__":

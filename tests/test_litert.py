@@ -3,6 +3,7 @@
 import dataclasses
 import itertools
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +61,10 @@ def test_a_beam_search_file_translates_a_large_batch_in_parts_as_it_would_at_onc
     run, exports = litert_exports
     assert LiteRTModel(exports / "beam").settings["sentences_per_run"] == 32
     monkeypatch.setattr(litert.signatures, "CACHE_BYTES_PER_POSITION", 0)
+    # The cache's size sets the runner's settings (litert.json), not the converted graph: the export
+    # writes the session's beam file, converted once.
+    monkeypatch.setattr(litert.converter, "convert",
+                        lambda service, quantization=None: (exports / "beam" / litert.MODEL_FILE).read_bytes())
     translation.export_litert(str(run), str(tmp_path / "beam"), beam_size=4)
     beam = LiteRTModel(tmp_path / "beam")
     assert beam.settings["keep_greedy"] and beam.settings["sentences_per_run"] == litert.ROWS_PER_RUN // 5
@@ -89,17 +94,29 @@ def test_quantized_files_are_smaller_and_translate(litert_exports):
 
 @pytest.fixture(scope="module")
 def published_int8(tmp_path_factory):
-    """The published fixture run's int8 file (beam 2): it shares one vocabulary and ties the output projection to it."""
+    """The published fixture run's int8 file (beam 2): it shares one vocabulary and ties the output projection to it.
+
+    Returns `(its directory, the converted file before int8_lookups rewrote it)`: `int8_lookups` is the
+    conversion's last step, bytes in, bytes out.
+    """
     from test_publish import PUBLISHED
 
     out = tmp_path_factory.mktemp("published") / "int8"
-    translation.export_litert(str(PUBLISHED / "run"), str(out), quantization="int8", beam_size=2)
-    return out
+    rewrite, before_rewrite = litert.converter.int8_lookups, []
+
+    def recorded_then_rewritten(model):
+        before_rewrite.append(model)
+        return rewrite(model)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(litert.converter, "int8_lookups", recorded_then_rewritten)
+        translation.export_litert(str(PUBLISHED / "run"), str(out), quantization="int8", beam_size=2)
+    return out, before_rewrite[0]
 
 
 def test_a_shared_tied_table_is_stored_once_in_the_int8_file(published_int8):
     # The table is looked up (both embeddings) and multiplied by, and the converter quantizes it twice.
-    out = published_int8
+    out, _ = published_int8
     content = (out / litert.MODEL_FILE).read_bytes()
     copies = int8_weights(content)
     for (shape, first), (other_shape, second) in itertools.combinations(copies, 2):
@@ -115,18 +132,19 @@ def test_a_shared_tied_table_is_stored_once_in_the_int8_file(published_int8):
     assert all(isinstance(text, str) for text in translated)
 
 
-def test_the_int8_files_lookups_read_int8_rows_and_translate_as_the_whole_table_did(published_int8, tmp_path,
-                                                                                   monkeypatch):
+def test_the_int8_files_lookups_read_int8_rows_and_translate_as_the_whole_table_did(published_int8, tmp_path):
     # Without the rewrite the tied table is turned into floats whole, and the search's loops carry those.
-    from test_publish import PUBLISHED
-
+    published, before_rewrite = published_int8
     texts = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Park.", "Eine Frau liest ein Buch.", ""]
-    monkeypatch.setattr(litert.converter, "int8_lookups", lambda model: model)
-    translation.export_litert(str(PUBLISHED / "run"), str(tmp_path / "whole"), quantization="int8", beam_size=2)
-    files = {"rows": (published_int8 / litert.MODEL_FILE).read_bytes(),
-             "whole": (tmp_path / "whole" / litert.MODEL_FILE).read_bytes()}
+    # The same export as the file the converter made, unrewritten: its bytes, its operators.
+    shutil.copytree(published, tmp_path / "whole")
+    (tmp_path / "whole" / litert.MODEL_FILE).write_bytes(before_rewrite)
+    settings = json.loads((published / litert.SETTINGS_FILE).read_text())
+    settings["operators"] = litert.operators(before_rewrite)
+    (tmp_path / "whole" / litert.SETTINGS_FILE).write_text(json.dumps(settings))
+    files = {"rows": (published / litert.MODEL_FILE).read_bytes(), "whole": before_rewrite}
     assert whole_tables_dequantized(files["whole"]) and not whole_tables_dequantized(files["rows"])
-    rows, whole = LiteRTModel(published_int8).run(texts), LiteRTModel(tmp_path / "whole").run(texts)
+    rows, whole = LiteRTModel(published).run(texts), LiteRTModel(tmp_path / "whole").run(texts)
     assert list(rows["translation"]) == list(whole["translation"])
     np.testing.assert_array_equal(rows["score"], whole["score"])
 

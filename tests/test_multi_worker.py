@@ -71,17 +71,20 @@ def test_a_local_cluster_gets_free_ports_no_outgoing_connection_can_take_first()
 
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory):
-    """The fixed training run alone, then on two workers that next write the pairs their batches held.
+    """The fixed training run alone (here), then on two workers that next write the pairs their batches held.
 
     One cluster start for two checks (each worker process costs seconds of
     TensorFlow's start); returns the folder with `alone.npz`, `worker{0,1}.npz`,
     `worker{0,1}.json` and the shards' `run`.
     """
+    from multi_worker_fit import train
+
+    from keras_transformer.training import make_strategy
+
     folder = tmp_path_factory.mktemp("two-workers")
     script = HERE / "multi_worker_fit.py"
-    alone = subprocess.run([sys.executable, script, folder / "alone.npz"], env=ENV, capture_output=True,
-                           text=True, timeout=300)
-    assert alone.returncode == 0, alone.stderr[-3000:]
+    weights, history = train(make_strategy("none"))  # one device
+    np.savez(folder / "alone.npz", history=json.dumps(history), **weights)
     results = run_workers(
         [[sys.executable, script, folder / f"worker{index}.npz", "--strategy", "multi-worker",
           "--shards", folder / "run", folder / f"worker{index}.json"] for index in (0, 1)],
@@ -106,7 +109,7 @@ def test_two_workers_train_as_one_process_on_the_same_global_batches(two_workers
 
 
 @pytest.mark.slow
-def test_each_worker_reads_its_own_shards_and_an_epoch_sees_every_pair_once(two_workers, tmp_path):
+def test_each_worker_reads_its_own_shards_and_an_epoch_sees_every_pair_once(two_workers):
     run = two_workers / "run"
     seen = [json.loads((two_workers / f"worker{index}.json").read_text()) for index in (0, 1)]
     assert seen[0]["steps"] == seen[1]["steps"] > 0, "every worker takes as many steps"
@@ -125,16 +128,8 @@ def test_each_worker_reads_its_own_shards_and_an_epoch_sees_every_pair_once(two_
     for index, worker in enumerate(seen):
         assert sorted(tuple(map(tuple, pair)) for pair in worker["pairs"]) == pairs_of(range(index, shards.num_shards, 2))
     assert sum(len(worker["pairs"]) for worker in seen) == len(pairs_of(None)) > 250
-    # The chief tokenised into the run directory; on the next start every worker reads those shards
-    # (on the first, the other worker may have tokenised into its private copy before they were there).
-    again = run_workers(
-        [[sys.executable, HERE / "multi_worker_shards.py", run, tmp_path / f"again{index}.json"] for index in (0, 1)],
-        cluster_environments(2, tmp_path / "again"),
-    )
-    for result in again:
-        assert result.returncode == 0, result.stderr[-3000:]
-    for index in (0, 1):
-        assert json.loads((tmp_path / f"again{index}.json").read_text())["shards_read_from"] == str(directory)
+    # That on a cluster's next start every worker reads the chief's shards is proved by the restart of
+    # test_a_killed_worker_stops_the_chief_and_both_resume_from_the_last_backup.
 
 
 @pytest.mark.slow
@@ -203,6 +198,8 @@ def test_a_killed_worker_stops_the_chief_and_both_resume_from_the_last_backup(tm
     lines = [line for line in chief_errors.splitlines() if line.startswith("keras-transformer: error")]
     assert lines and "worker" in lines[-1], chief_errors[-3000:]
     assert not (run / "model.keras").exists()
+    # The chief tokenised the corpus into the run directory (the worker, maybe, into its private copy).
+    assert f"shards ({run / 'tokens' / 'train'})" in chief_errors, chief_errors[-3000:]
 
     # Both restarted with the same command: they resume from that backup (the steps since it are
     # what the kill cost) and finish.
@@ -210,6 +207,9 @@ def test_a_killed_worker_stops_the_chief_and_both_resume_from_the_last_backup(tm
     assert chief.returncode == 0 and worker.returncode == 0, chief.stderr[-3000:] + worker.stderr[-3000:]
     resumed = f"resuming from the backup after batch {killed_at['batches_done']} of epoch 1"
     assert resumed in chief.stderr and resumed in worker.stderr, chief.stderr[-3000:]
+    # On this next start neither tokenises: the worker, in a private copy made without shards (a new
+    # TMPDIR), reads the chief's, which are intact.
+    assert "tokenised" not in chief.stderr + worker.stderr, chief.stderr[-3000:] + worker.stderr[-3000:]
     history = (run / "history.csv").read_text().splitlines()
     assert [row.split(",")[0] for row in history[1:]] == ["0"], history
     metrics = json.loads((run / "metrics.json").read_text())

@@ -1,16 +1,23 @@
 """A translation run trained here on a SentencePiece vocabulary: it trains, translates, evaluates and exports."""
 
+import json
+import zipfile
+
+import keras
+import numpy as np
 import pytest
 from helpers import cli_here
 
 from keras_transformer.data import demo_corpus
 from keras_transformer.runs import translation
 
-SENTENCES = [source for source, _ in demo_corpus()["val"][:8]] + ["", "Tōkyō 東京 2024 🙂 café"]
+SENTENCES = [source for source, _ in demo_corpus()["val"][:20]] + ["", "Tōkyō 東京 2024 🙂 café"]
 
 
 @pytest.mark.slow
 def test_a_sentencepiece_run_translates_alike_through_the_run_and_every_export(sentencepiece_run, tmp_path):
+    """The session's SentencePiece run was trained in mixed bfloat16: every road reads it in float32, CTranslate2
+    (float32 on a CPU) included (test_ctranslate2.py checks the policies of the model loaded)."""
     run = sentencepiece_run
     config = translation.load_config(str(run))
     assert config["tokenizer"]["kind"] == "sentencepiece"
@@ -18,20 +25,42 @@ def test_a_sentencepiece_run_translates_alike_through_the_run_and_every_export(s
     assert (run / "vocab" / "source" / "sentencepiece.model").read_bytes() == (
         run / "vocab" / "target" / "sentencepiece.model").read_bytes()
     greedy = translation.translate(str(run), SENTENCES, beam_size=1)
-    assert len(set(greedy)) > 3  # a model that tells sentences apart
+    assert len(set(greedy)) > 10  # a model that tells sentences apart
 
     exports = {"saved_model": tmp_path / "saved_model", "ctranslate2": tmp_path / "ct2", "litert": tmp_path / "lite"}
     translation.export(str(run), str(exports["saved_model"]), beam_size=1)
-    translation.export_ctranslate2(str(run), str(exports["ctranslate2"]), beam_size=1)
+    # CTranslate2's through the command, at the run's own beam size (translated below with --beam-size 1).
+    cli_here("export", run, exports["ctranslate2"], "--format", "ctranslate2")
     translation.export_litert(str(run), str(exports["litert"]), beam_size=1)
     for road, path in exports.items():
         # The user's command on each export, in this process (a SentencePiece SavedModel in a fresh process
         # that imports only TensorFlow and tensorflow-text: test_pretrained.py, on an imported Marian run).
-        printed = cli_here("translate", f"--{road.replace('_', '-')}", path, *SENTENCES).stdout.split("\n")[:-1]
+        options = ["--beam-size", 1] if road == "ctranslate2" else []
+        printed = cli_here("translate", f"--{road.replace('_', '-')}", path, *options, *SENTENCES).stdout.split("\n")[:-1]
         assert printed == greedy, road
 
     evaluated = cli_here("evaluate", run, "--beam-size", 1).stdout
     assert "BLEU" in evaluated
+
+
+def test_the_run_trained_in_mixed_bfloat16_is_read_computing_in_float32(sentencepiece_run):
+    """Every inference road computes in float32 by default, whatever the run trained in (docs/serving.md)."""
+    run = sentencepiece_run
+    # The run trained, and saved its model, in mixed bfloat16 ...
+    assert json.loads((run / "config.json").read_text())["training"]["precision_chosen"] == "mixed_bfloat16"
+    with zipfile.ZipFile(run / "model.keras") as archive:
+        assert json.loads(archive.read("config.json"))["config"]["dtype"]["config"]["name"] == "mixed_bfloat16"
+    # ... and is loaded computing in float32, even where the process's policy is still the training's.
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    model = translation.load_translator(run).model
+    assert {layer.compute_dtype for layer in model._flatten_layers()} == {"float32"}
+    as_trained = translation.load_translator(run, precision=None).model  # asked for: the policy it was saved with
+    assert as_trained.compute_dtype == "bfloat16" and as_trained.variable_dtype == "float32"
+    for ours, saved in zip(model.weights, as_trained.weights):
+        np.testing.assert_array_equal(ours.numpy(), saved.numpy())
+    # Computed in bfloat16, a run's greedy translations are not all CTranslate2's (a WordPiece demo run's on
+    # an AMD EPYC with AVX-512 BF16: 1 of the first 10 and 6 of the first 100 differed); in float32 they
+    # are (the test above, through `export --format ctranslate2`).
 
 
 @pytest.mark.parametrize("options, message", [
