@@ -4,9 +4,10 @@
 
 Trains a fixed number of steps on fixed global batches (no dropout) and
 saves the weights and the history: trained alone (`train`, in the test's
-process) and as two workers, the results must agree. With `--shards`, a worker then writes the pairs its
-batches held (`multi_worker_shards.py`), so that one cluster start serves
-both checks. Used by tests/test_multi_worker.py.
+process) and as two workers, the results must agree. With `--shards`, a
+worker then writes the pairs its batches held (`multi_worker_shards.py`),
+so that one cluster start serves both checks. Used by
+tests/test_multi_worker.py.
 """
 
 import argparse

@@ -17,7 +17,7 @@ SENTENCES = [source for source, _ in demo_corpus()["val"][:20]] + ["", "Tōkyō 
 @pytest.mark.slow
 def test_a_sentencepiece_run_translates_alike_through_the_run_and_every_export(sentencepiece_run, tmp_path):
     """The session's SentencePiece run was trained in mixed bfloat16: every road reads it in float32, CTranslate2
-    (float32 on a CPU) included (test_ctranslate2.py checks the policies of the model loaded)."""
+    (float32 on a CPU) included (the next test checks the policies of the model loaded)."""
     run = sentencepiece_run
     config = translation.load_config(str(run))
     assert config["tokenizer"]["kind"] == "sentencepiece"
